@@ -1,1 +1,20 @@
+"""hf_fedflat: federated fine-tuning with flatness-seeking optimizers, the Hugging Face way."""
+
 __version__ = "0.1.0"
+
+from .algorithms import (  # noqa: E402
+    AlgorithmSpec,
+    FederatedAlgorithm,
+    build_algorithm,
+    get_preset,
+    list_algorithms,
+)
+from .config import FedTrainingArguments  # noqa: E402
+from .federation import FederatedCallback, FederatedTrainer, FederatedTrainOutput  # noqa: E402
+from .training import ClientTrainer, ParameterSpace  # noqa: E402
+
+__all__ = [
+    "AlgorithmSpec", "ClientTrainer", "FedTrainingArguments", "FederatedAlgorithm", "FederatedCallback",
+    "FederatedTrainOutput", "FederatedTrainer", "ParameterSpace", "build_algorithm", "get_preset",
+    "list_algorithms", "__version__",
+]

@@ -1,0 +1,5 @@
+"""Server rules."""
+
+from .mean import MeanAggregator
+
+__all__ = ["MeanAggregator"]

@@ -1,0 +1,23 @@
+"""FedAvg's server rule."""
+
+from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor, weighted_delta
+from ..algorithms.registry import register_aggregator
+
+
+@register_aggregator
+class MeanAggregator(Aggregator):
+    """``w^{t+1} = w^t + eta_g * sum_i p_i * Delta_i`` with ``Delta_i = w_i - w^t``."""
+
+    name = "mean"
+
+    def __init__(self, server_learning_rate: float = 1.0):
+        self.server_learning_rate = server_learning_rate
+
+    @classmethod
+    def from_args(cls, args) -> "MeanAggregator":
+        return cls(server_learning_rate=args.server_learning_rate)
+
+    def aggregate(
+        self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
+    ) -> tuple[Tensor, StateDict]:
+        return params.add(weighted_delta(updates, weights), alpha=self.server_learning_rate), state

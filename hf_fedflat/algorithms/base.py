@@ -1,0 +1,170 @@
+"""The three kinds of pieces an algorithm is composed of, and the values they exchange.
+
+An algorithm is ``perturbation x corrections x aggregator`` (see ALGORITHMS.md). Pieces hold only
+hyperparameters; all state goes in and comes back out explicitly (optax style), so the client-state
+store, checkpoints and the multi-process exchange all handle the same plain ``dict[str, Tensor]``.
+
+Client-side pieces (perturbations and corrections) may also own a server half: SCAFFOLD's
+correction adds ``lambda*(c - c_i)`` on the client *and* keeps ``c`` on the server. Keeping both
+halves in one piece is what lets any correction combine with any aggregator.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+Tensor = torch.Tensor
+StateDict = dict[str, Tensor]
+#: ``grad_at(offset)`` -> ``(loss, flat_grad)`` of the current minibatch at ``w + offset`` (``None``: at ``w``).
+GradFn = Callable[[Tensor | None], tuple[Tensor, Tensor]]
+
+EPS = 1e-12
+
+
+def global_norm(vector: Tensor) -> Tensor:
+    """L2 norm over the concatenation of all trainable parameters (one norm, not per layer)."""
+    return torch.linalg.vector_norm(vector)
+
+
+@dataclass
+class ClientContext:
+    """What a client piece may read when a client starts its local round.
+
+    Attributes:
+        client_id: id of the client in ``[0, num_clients)``.
+        round: the round index ``t`` (0-based).
+        global_params: ``w^t`` as a flat vector on the training device.
+        broadcast: per piece name, what the server sends every client this round (e.g. SCAFFOLD's ``c``).
+        state: per piece name, this client's stored state (empty the first time the client takes part).
+        learning_rate: the round's local learning rate ``eta_t``.
+        num_samples: ``n_i``.
+    """
+
+    client_id: int
+    round: int
+    global_params: Tensor
+    broadcast: dict[str, StateDict]
+    state: dict[str, StateDict]
+    learning_rate: float
+    num_samples: int
+
+
+@dataclass
+class LocalResult:
+    """The outcome of local training, seen by the pieces' ``end`` hooks."""
+
+    params: Tensor  # w_i, flat, training device
+    num_steps: int  # K: optimizer steps actually taken
+
+
+@dataclass
+class ClientUpdate:
+    """What one client sends to the server after its round.
+
+    ``messages`` are per-piece tensors for the server half (e.g. SCAFFOLD's ``dc_i``); ``state`` is the
+    client's new per-piece state, written back to the client-state store by the main process.
+    """
+
+    client_id: int
+    num_samples: int
+    num_steps: int
+    train_loss: float
+    delta: Tensor  # w_i - w^t, flat, CPU
+    messages: dict[str, StateDict] = field(default_factory=dict)
+    state: dict[str, StateDict] = field(default_factory=dict)
+    failed: str | None = None
+
+
+@dataclass
+class RoundSummary:
+    """What server halves see after aggregation."""
+
+    round: int
+    old_params: Tensor
+    new_params: Tensor
+    updates: list[ClientUpdate]
+    weights: Tensor  # aggregation weights p_i, same order as updates
+    num_clients: int  # N, all clients
+
+
+class ClientPiece:
+    """Base of perturbations and corrections: optional client state and an optional server half."""
+
+    name: ClassVar[str] = ""
+
+    def begin(self, ctx: ClientContext) -> Any:
+        """Called once per client per round before local training; returns this piece's workspace."""
+        return None
+
+    def end(self, ctx: ClientContext, workspace: Any, result: LocalResult) -> tuple[StateDict | None, StateDict]:
+        """Called after local training: ``(new client state or None, message to the server)``."""
+        return None, {}
+
+    def init_server_state(self, params: Tensor) -> StateDict:
+        """Server-side state of this piece, created once from the initial global params."""
+        return {}
+
+    def broadcast(self, server_state: StateDict) -> StateDict:
+        """The part of the server state every client receives each round."""
+        return server_state
+
+    def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
+        """Server half: new server state after the round's aggregation."""
+        return server_state
+
+
+class Perturbation(ClientPiece, ABC):
+    """How the direction of one optimizer step is obtained from (possibly several) gradient passes."""
+
+    #: forward+backward passes per optimizer step (reported in comparisons, checked in tests)
+    passes_per_step: ClassVar[int] = 1
+    #: True only for the plain gradient: lets the Trainer take its ordinary step untouched.
+    is_identity: ClassVar[bool] = False
+
+    @abstractmethod
+    def direction(self, grad_at: GradFn, workspace: Any) -> tuple[Tensor, Tensor]:
+        """Returns ``(loss, d)``: the loss to report and the direction of the step as a flat vector."""
+
+
+class Correction(ClientPiece, ABC):
+    """A term applied to the direction before the optimizer step (affine in the direction)."""
+
+    @abstractmethod
+    def apply(self, direction: Tensor, params: Tensor, workspace: Any, bias_scale: float = 1.0) -> Tensor:
+        """Returns the corrected direction.
+
+        Args:
+            direction: the current direction ``d`` (flat).
+            params: the current local weights ``w`` (flat).
+            workspace: what ``begin`` returned for this client and round.
+            bias_scale: factor for the terms that do not come from the minibatch gradient. With gradient
+                accumulation over M micro-batches (and a loss scale S under fp16) those terms must be
+                added once per optimizer step, so each micro-batch adds them times ``S / M``.
+        """
+
+
+class Aggregator(ABC):
+    """The server rule: new global weights from the clients' updates."""
+
+    name: ClassVar[str] = ""
+
+    def init_state(self, params: Tensor) -> StateDict:
+        return {}
+
+    @abstractmethod
+    def aggregate(
+        self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
+    ) -> tuple[Tensor, StateDict]:
+        """Returns ``(w^{t+1}, new aggregator state)``; ``weights`` are the ``p_i`` (sum to 1)."""
+
+
+def weighted_delta(updates: list[ClientUpdate], weights: Tensor) -> Tensor:
+    """``sum_i p_i * Delta_i`` accumulated in place, in the given (deterministic) order."""
+    total = torch.zeros_like(updates[0].delta)
+    for update, weight in zip(updates, weights.tolist()):
+        total.add_(update.delta, alpha=weight)
+    return total

@@ -1,0 +1,163 @@
+"""An algorithm as a value: one perturbation, a chain of corrections, one aggregator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .base import (
+    Aggregator,
+    ClientContext,
+    ClientPiece,
+    ClientUpdate,
+    Correction,
+    GradFn,
+    LocalResult,
+    Perturbation,
+    RoundSummary,
+    StateDict,
+    Tensor,
+)
+from .registry import AGGREGATORS, CORRECTIONS, PERTURBATIONS, get_preset
+
+AGGREGATOR_KEY = "aggregator"
+
+
+@dataclass
+class FederatedAlgorithm:
+    """The composition the training step and the server loop talk to.
+
+    Server state is a ``dict[piece name, StateDict]`` with the aggregator's under ``"aggregator"``;
+    client state is a ``dict[piece name, StateDict]``. Nothing here branches on the algorithm's name.
+    """
+
+    name: str
+    perturbation: Perturbation
+    corrections: tuple[Correction, ...]
+    aggregator: Aggregator
+
+    def __post_init__(self):
+        names = [piece.name for piece in self.client_pieces]
+        if len(set(names)) != len(names) or AGGREGATOR_KEY in names:
+            raise ValueError(f"Client pieces must have distinct names (not {AGGREGATOR_KEY!r}); got {names}.")
+
+    @property
+    def client_pieces(self) -> tuple[ClientPiece, ...]:
+        return (self.perturbation, *self.corrections)
+
+    @property
+    def is_plain_gradient(self) -> bool:
+        """True when the step direction is the minibatch gradient itself (the Trainer's own step)."""
+        return self.perturbation.is_identity and not self.corrections
+
+    @property
+    def passes_per_step(self) -> int:
+        return self.perturbation.passes_per_step
+
+    # client side -----------------------------------------------------------------------------
+    def begin_client(self, ctx: ClientContext) -> dict[str, Any]:
+        return {piece.name: piece.begin(ctx) for piece in self.client_pieces}
+
+    def direction(
+        self, grad_at: GradFn, params: Tensor, workspaces: dict[str, Any], bias_scale: float = 1.0
+    ) -> tuple[Tensor, Tensor]:
+        """``(loss, d)``: the perturbation's direction, then every correction in order."""
+        loss, direction = self.perturbation.direction(grad_at, workspaces[self.perturbation.name])
+        for correction in self.corrections:
+            direction = correction.apply(direction, params, workspaces[correction.name], bias_scale)
+        return loss, direction
+
+    def end_client(
+        self, ctx: ClientContext, workspaces: dict[str, Any], result: LocalResult
+    ) -> tuple[dict[str, StateDict], dict[str, StateDict]]:
+        """``(new client state, messages to the server)``, keyed by piece name."""
+        state, messages = {}, {}
+        for piece in self.client_pieces:
+            new_state, message = piece.end(ctx, workspaces[piece.name], result)
+            if new_state:
+                state[piece.name] = new_state
+            if message:
+                messages[piece.name] = message
+        return state, messages
+
+    # server side -----------------------------------------------------------------------------
+    def init_server_state(self, params: Tensor) -> dict[str, StateDict]:
+        state = {piece.name: piece.init_server_state(params) for piece in self.client_pieces}
+        state[AGGREGATOR_KEY] = self.aggregator.init_state(params)
+        return {key: value for key, value in state.items() if value}
+
+    def broadcast(self, server_state: dict[str, StateDict]) -> dict[str, StateDict]:
+        """What every client receives with the global weights (the aggregator's state stays on the server)."""
+        out = {}
+        for piece in self.client_pieces:
+            if piece.name in server_state:
+                part = piece.broadcast(server_state[piece.name])
+                if part:
+                    out[piece.name] = part
+        return out
+
+    def server_step(
+        self,
+        round_index: int,
+        params: Tensor,
+        updates: list[ClientUpdate],
+        weights: Tensor,
+        server_state: dict[str, StateDict],
+        num_clients: int,
+    ) -> tuple[Tensor, dict[str, StateDict]]:
+        """Aggregate, then let every piece's server half see the round."""
+        new_state = dict(server_state)
+        new_params, aggregator_state = self.aggregator.aggregate(
+            params, updates, weights, server_state.get(AGGREGATOR_KEY, {})
+        )
+        if aggregator_state:
+            new_state[AGGREGATOR_KEY] = aggregator_state
+        summary = RoundSummary(round_index, params, new_params, updates, weights, num_clients)
+        for piece in self.client_pieces:
+            if piece.name in new_state:
+                new_state[piece.name] = piece.update_server_state(new_state[piece.name], summary)
+        return new_params, new_state
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "perturbation": self.perturbation.name,
+            "corrections": [c.name for c in self.corrections],
+            "aggregator": self.aggregator.name,
+            "passes_per_step": self.passes_per_step,
+        }
+
+
+def resolve_parts(fed_algorithm: str, perturbation: str | None, corrections: str | None, aggregator: str | None):
+    """The three part names: the preset's, each overridable by naming the part directly."""
+    spec = get_preset(fed_algorithm)
+    parts = (
+        perturbation if perturbation is not None else spec.perturbation,
+        tuple(c for c in corrections.split(",") if c) if corrections is not None else spec.corrections,
+        aggregator if aggregator is not None else spec.aggregator,
+    )
+    for kind, names, table in (
+        ("perturbation", (parts[0],), PERTURBATIONS),
+        ("corrections", parts[1], CORRECTIONS),
+        ("aggregator", (parts[2],), AGGREGATORS),
+    ):
+        for name in names:
+            if name not in table:
+                raise ValueError(f"{kind}={name!r} is not a known {kind}. Available: {', '.join(sorted(table))}.")
+    return parts
+
+
+def build_algorithm(args) -> FederatedAlgorithm:
+    """Build the composition named by ``args`` (a :class:`~hf_fedflat.FedTrainingArguments`).
+
+    Each piece reads its own hyperparameters from ``args`` in its ``from_args``.
+    """
+    perturbation, corrections, aggregator = resolve_parts(
+        args.fed_algorithm, args.perturbation, args.corrections, args.aggregator
+    )
+    return FederatedAlgorithm(
+        name=args.fed_algorithm,
+        perturbation=PERTURBATIONS[perturbation].from_args(args),
+        corrections=tuple(CORRECTIONS[name].from_args(args) for name in corrections),
+        aggregator=AGGREGATORS[aggregator].from_args(args),
+    )

@@ -1,0 +1,200 @@
+"""``FedTrainingArguments``: every setting of a federated run, validated before anything loads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+AGGREGATION_WEIGHTS = ("samples", "uniform")
+PARTITION_SCHEMES = ("iid", "dirichlet", "inner_dirichlet", "pathological")
+CLIENT_STATE_STORES = ("auto", "memory", "disk")
+#: rho when neither the user nor the preset sets one
+DEFAULT_RHO = 0.05
+DEFAULT_PARTICIPATION = 0.1
+
+
+def _fail(field_name: str, message: str) -> None:
+    raise ValueError(f"{field_name}: {message}")
+
+
+@dataclass
+class FedTrainingArguments(TrainingArguments):
+    """``TrainingArguments`` plus the federated set-up.
+
+    The Trainer fields (``learning_rate``, ``per_device_train_batch_size``, ``optim``, ``max_grad_norm``,
+    ``bf16``, ``gradient_accumulation_steps``, ``report_to``, ``output_dir``, ...) configure each client's
+    local training and the run's outputs. Defaults follow the federated papers: plain SGD at a constant
+    lr within a round (decayed across rounds by ``lr_decay_per_round``), gradient clipping at norm 10.
+    Local work per round is ``local_epochs`` or ``local_steps``; ``num_train_epochs``/``max_steps`` are not used.
+    """
+
+    # --- algorithm ---------------------------------------------------------------------------------
+    fed_algorithm: str = field(
+        default="fedavg",
+        metadata={"help": "Named algorithm (a preset of perturbation x corrections x aggregator), e.g. fedavg, "
+                          "fedsam, scaffold, fedgamma. `hf_fedflat.list_algorithms()` lists them."},
+    )
+    perturbation: str | None = field(
+        default=None, metadata={"help": "Override the preset's perturbation (none, sam, ...)."}
+    )
+    corrections: str | None = field(
+        default=None,
+        metadata={"help": "Override the preset's corrections: comma-separated names (e.g. 'scaffold'); '' for none."},
+    )
+    aggregator: str | None = field(default=None, metadata={"help": "Override the preset's aggregator (mean, ...)."})
+    rho: float | None = field(
+        default=None,
+        metadata={"help": f"Perturbation radius of SAM-type steps. Unset: the preset's default ({DEFAULT_RHO} for SAM)."},
+    )
+    scaffold_lambda: float = field(
+        default=1.0, metadata={"help": "Scale of the SCAFFOLD correction lambda_c*(c - c_i) (1 in the paper)."}
+    )
+
+    # --- federation --------------------------------------------------------------------------------
+    num_clients: int = field(default=100, metadata={"help": "Number of clients N the training data is split into."})
+    clients_per_round: int | None = field(
+        default=None, metadata={"help": "Clients sampled per round. Give this or participation_fraction."}
+    )
+    participation_fraction: float | None = field(
+        default=None,
+        metadata={"help": f"Fraction of clients sampled per round, in (0, 1] (default {DEFAULT_PARTICIPATION} "
+                          "when clients_per_round is not given either)."},
+    )
+    num_rounds: int = field(default=100, metadata={"help": "Number of communication rounds."})
+    local_epochs: float = field(default=1.0, metadata={"help": "Local epochs per round over the client's data."})
+    local_steps: int | None = field(
+        default=None, metadata={"help": "Local optimizer steps per round (K); overrides local_epochs when set."}
+    )
+    server_learning_rate: float = field(
+        default=1.0, metadata={"help": "Server learning rate eta_g: w <- w + eta_g * sum_i p_i (w_i - w)."}
+    )
+    lr_decay_per_round: float = field(
+        default=1.0, metadata={"help": "Local lr in round t is learning_rate * lr_decay_per_round**t (papers: 0.998)."}
+    )
+    aggregation_weights: str = field(
+        default="samples",
+        metadata={"help": "Aggregation weights p_i: 'samples' (n_i / sum n_j) or 'uniform' (1/m)."},
+    )
+
+    # --- data partition ----------------------------------------------------------------------------
+    partition_scheme: str = field(
+        default="dirichlet",
+        metadata={"help": "How the training data is split: iid, dirichlet (per class over clients), "
+                          "inner_dirichlet (equal sizes, per client over classes), pathological (k classes each)."},
+    )
+    dirichlet_alpha: float = field(
+        default=0.3, metadata={"help": "Concentration of the Dirichlet partitions (smaller = more heterogeneous)."}
+    )
+    classes_per_client: int = field(default=2, metadata={"help": "Classes per client of the pathological partition."})
+    min_partition_size: int = field(default=2, metadata={"help": "Smallest client dataset a Dirichlet partition may produce."})
+    partition_seed: int | None = field(default=None, metadata={"help": "Seed of the partition (default: seed)."})
+
+    # --- evaluation, checkpoints, client state --------------------------------------------------------
+    eval_every_n_rounds: int = field(default=1, metadata={"help": "Evaluate the global model every N rounds (and at the end)."})
+    save_every_n_rounds: int = field(
+        default=0, metadata={"help": "Write a checkpoint every N rounds under <output_dir>/checkpoints (0: never)."}
+    )
+    client_state_store: str = field(
+        default="auto",
+        metadata={"help": "Where per-client state (SCAFFOLD's c_i, ...) lives: memory, disk (one safetensors file "
+                          "per client), or auto (memory until client_state_memory_mb is exceeded, then disk)."},
+    )
+    client_state_dir: str | None = field(
+        default=None, metadata={"help": "Folder of the disk client-state store (default <output_dir>/client_states)."}
+    )
+    client_state_memory_mb: float = field(
+        default=2048.0, metadata={"help": "Memory budget of the 'auto' client-state store before it spills to disk."}
+    )
+
+    # --- Trainer defaults changed to the federated papers' ---------------------------------------------
+    learning_rate: float = field(default=0.01, metadata={"help": "Local (client) learning rate eta in round 0."})
+    optim: str = field(default="sgd", metadata={"help": "Local optimizer (papers: plain SGD)."})
+    lr_scheduler_type: str = field(
+        default="constant", metadata={"help": "Schedule within a client's local training (papers: constant)."}
+    )
+    max_grad_norm: float = field(default=10.0, metadata={"help": "Clip the final step direction to this norm (papers: 10)."})
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "Local batch size."})
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Keep False for datasets with on-the-fly transforms (with_transform)."}
+    )
+
+    def __post_init__(self):
+        self._validate_federated_fields()
+        # Before the parent sets up devices: a multi-process launch must become N single-process
+        # trainers (see hf_fedflat.federation.comm for why).
+        from .federation.comm import init_federated_process_group
+
+        init_federated_process_group(use_cpu=self.use_cpu)
+        super().__post_init__()
+
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def num_clients_per_round(self) -> int:
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        fraction = self.participation_fraction if self.participation_fraction is not None else DEFAULT_PARTICIPATION
+        return max(1, int(round(fraction * self.num_clients)))
+
+    @property
+    def effective_partition_seed(self) -> int:
+        return self.seed if self.partition_seed is None else self.partition_seed
+
+    def _validate_federated_fields(self) -> None:
+        from .algorithms import get_preset, resolve_parts
+
+        resolve_parts(self.fed_algorithm, self.perturbation, self.corrections, self.aggregator)
+        spec = get_preset(self.fed_algorithm)
+        if self.rho is None:
+            self.rho = float(spec.defaults.get("rho", DEFAULT_RHO))
+
+        def positive_int(name):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                _fail(name, f"must be an integer >= 1, got {value!r}.")
+
+        def finite(name, low=None, high=None, low_open=False):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                _fail(name, f"must be a finite number, got {value!r}.")
+            if low is not None and (value <= low if low_open else value < low):
+                _fail(name, f"must be {'>' if low_open else '>='} {low}, got {value}.")
+            if high is not None and value > high:
+                _fail(name, f"must be <= {high}, got {value}.")
+
+        for name in ("num_clients", "num_rounds", "eval_every_n_rounds", "min_partition_size", "classes_per_client"):
+            positive_int(name)
+        finite("rho", low=0.0)
+        finite("scaffold_lambda")
+        finite("server_learning_rate", low=0.0, low_open=True)
+        finite("lr_decay_per_round", low=0.0, high=1.0, low_open=True)
+        finite("dirichlet_alpha", low=0.0, low_open=True)
+        finite("local_epochs", low=0.0, low_open=True)
+        finite("learning_rate", low=0.0, low_open=True)
+        finite("client_state_memory_mb", low=0.0)
+        if self.local_steps is not None:
+            positive_int("local_steps")
+        if not isinstance(self.save_every_n_rounds, int) or self.save_every_n_rounds < 0:
+            _fail("save_every_n_rounds", f"must be an integer >= 0 (0: no periodic checkpoints), got {self.save_every_n_rounds!r}.")
+        if self.clients_per_round is not None and self.participation_fraction is not None:
+            _fail("clients_per_round", "give either clients_per_round or participation_fraction, not both.")
+        if self.clients_per_round is not None:
+            positive_int("clients_per_round")
+            if self.clients_per_round > self.num_clients:
+                _fail("clients_per_round", f"{self.clients_per_round} is more than num_clients={self.num_clients}; "
+                      "lower it or raise num_clients.")
+        if self.participation_fraction is not None:
+            finite("participation_fraction", low=0.0, high=1.0, low_open=True)
+        if self.aggregation_weights not in AGGREGATION_WEIGHTS:
+            _fail("aggregation_weights", f"must be one of {AGGREGATION_WEIGHTS}, got {self.aggregation_weights!r}.")
+        if self.partition_scheme not in PARTITION_SCHEMES:
+            _fail("partition_scheme", f"must be one of {PARTITION_SCHEMES}, got {self.partition_scheme!r}.")
+        if self.client_state_store not in CLIENT_STATE_STORES:
+            _fail("client_state_store", f"must be one of {CLIENT_STATE_STORES}, got {self.client_state_store!r}.")
+        if self.max_steps is not None and self.max_steps > 0:
+            _fail("max_steps", "is not used by federated training; set local_steps (steps per client per round) "
+                  "and num_rounds instead.")
+        if self.save_every_n_rounds and self.save_every_n_rounds > self.num_rounds:
+            _fail("save_every_n_rounds", f"{self.save_every_n_rounds} exceeds num_rounds={self.num_rounds}; no checkpoint "
+                  "would be written.")

@@ -1,0 +1,57 @@
+"""SCAFFOLD control variates (client term and server update).
+
+Reference: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
+ICML 2020 (option II for ``c_i``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..algorithms.base import ClientContext, Correction, LocalResult, RoundSummary, StateDict, Tensor
+from ..algorithms.registry import register_correction
+
+
+@register_correction
+class ScaffoldCorrection(Correction):
+    """Client: ``d += lambda_c * (c - c_i)``. After the round (K steps, lr eta):
+    ``c_i+ = c_i - c + (w^t - w_i) / (K * eta)``; the message is ``dc_i = c_i+ - c_i``.
+    Server: ``c += (1/N) * sum_{S_t} dc_i`` with N all clients.
+
+    Client state: ``{"c_i"}`` (zeros before the first participation). Server state: ``{"c"}``.
+    """
+
+    name = "scaffold"
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    @classmethod
+    def from_args(cls, args) -> "ScaffoldCorrection":
+        return cls(scale=args.scaffold_lambda)
+
+    def begin(self, ctx: ClientContext) -> dict[str, Tensor]:
+        c = ctx.broadcast[self.name]["c"]
+        c_i = ctx.state.get(self.name, {}).get("c_i")
+        if c_i is None:
+            c_i = torch.zeros_like(c)
+        return {"c": c, "c_i": c_i, "shift": c - c_i}
+
+    def apply(self, direction: Tensor, params: Tensor, workspace, bias_scale: float = 1.0) -> Tensor:
+        return direction.add(workspace["shift"], alpha=self.scale * bias_scale)
+
+    def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
+        c, c_i = workspace["c"], workspace["c_i"]
+        if result.num_steps == 0:
+            return {"c_i": c_i}, {"dc": torch.zeros_like(c_i)}
+        new_c_i = c_i - c + (ctx.global_params - result.params) / (result.num_steps * ctx.learning_rate)
+        return {"c_i": new_c_i}, {"dc": new_c_i - c_i}
+
+    def init_server_state(self, params: Tensor) -> StateDict:
+        return {"c": torch.zeros_like(params)}
+
+    def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
+        c = server_state["c"].clone()
+        for update in summary.updates:
+            c.add_(update.messages[self.name]["dc"], alpha=1.0 / summary.num_clients)
+        return {"c": c}

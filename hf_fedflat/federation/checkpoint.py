@@ -1,0 +1,136 @@
+"""Atomic checkpoints of a federated run.
+
+Layout of ``<output_dir>/checkpoints/round-<k>/`` (state after k completed rounds):
+``global_params.safetensors`` (trainable parameters by name), ``server_state.safetensors``
+(``<piece>/<key>``), ``client_states/client-<id>.safetensors``, and ``federated_state.json``
+(round, history, run fingerprint), written last. The folder is assembled under a temporary name,
+fsynced, and renamed into place: a kill at any moment leaves the previous checkpoint intact, and a
+folder without a readable ``federated_state.json`` is rejected, never half-loaded. Only safetensors
+and JSON are read back: no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..io import fsync_dir
+from ..state.store import ClientStateStore, flatten_state, unflatten_state
+
+FORMAT_VERSION = 1
+STATE_FILE = "federated_state.json"
+PARAMS_FILE = "global_params.safetensors"
+SERVER_FILE = "server_state.safetensors"
+CLIENTS_DIR = "client_states"
+_ROUND_DIR = re.compile(r"^round-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupt, or from an incompatible run."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    round: int
+    params: dict[str, torch.Tensor]
+    server_state: dict[str, dict[str, torch.Tensor]]
+    meta: dict
+
+    @property
+    def client_states_dir(self) -> Path:
+        return self.path / CLIENTS_DIR
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Complete-looking checkpoint folders under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), root / name) for name in os.listdir(root) if (m := _ROUND_DIR.match(name))]
+    return [path for _, path in sorted(found)]
+
+
+def save_checkpoint(
+    root: str | os.PathLike,
+    round_index: int,
+    params: dict[str, torch.Tensor],
+    server_state: dict[str, dict[str, torch.Tensor]],
+    store: ClientStateStore,
+    meta: dict,
+    save_total_limit: int | None = None,
+) -> Path:
+    """Write ``round-<round_index>`` atomically; then keep at most ``save_total_limit`` checkpoints."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"round-{round_index}"
+    tmp = root / f".tmp-round-{round_index}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_file({k: v.contiguous() for k, v in params.items()}, str(tmp / PARAMS_FILE))
+    save_file(flatten_state(server_state), str(tmp / SERVER_FILE))
+    store.export_to(tmp / CLIENTS_DIR)
+    with open(tmp / STATE_FILE, "w") as handle:
+        json.dump({"format_version": FORMAT_VERSION, "round": round_index, **meta}, handle, indent=2, default=str)
+    for dirpath, _, filenames in os.walk(tmp):
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_dir(dirpath)
+    if final.exists():  # re-written after a resume: swap, never leave a gap without a checkpoint
+        trash = root / f".old-round-{round_index}-{os.getpid()}"
+        os.replace(final, trash)
+        os.replace(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(root)
+    if save_total_limit is not None and save_total_limit > 0:
+        for old in list_checkpoints(root)[:-save_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read a checkpoint folder, checking that it is complete."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"resume_from_checkpoint: {path} is not a checkpoint folder.")
+    state_file = path / STATE_FILE
+    try:
+        with open(state_file) as handle:
+            meta = json.load(handle)
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(
+            f"Checkpoint {path} is incomplete or corrupt ({STATE_FILE}: {error}). Resume from an earlier "
+            f"round-<k> folder instead."
+        ) from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"Checkpoint {path} has format {meta.get('format_version')}, expected {FORMAT_VERSION}.")
+    try:
+        params = load_file(str(path / PARAMS_FILE))
+        server_state = unflatten_state(load_file(str(path / SERVER_FILE)))
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"Checkpoint {path} is incomplete or corrupt: {error}.") from None
+    if not (path / CLIENTS_DIR).is_dir():
+        raise CheckpointError(f"Checkpoint {path} is incomplete: {CLIENTS_DIR}/ is missing.")
+    return Checkpoint(path=path, round=int(meta["round"]), params=params, server_state=server_state, meta=meta)
+
+
+def resolve_checkpoint(spec: str | bool, root: str | os.PathLike) -> Path:
+    """A path, or ``"latest"``/``True`` for the newest checkpoint under ``root``."""
+    if spec is True or str(spec).lower() in ("latest", "true"):
+        found = list_checkpoints(root)
+        if not found:
+            raise CheckpointError(f"resume_from_checkpoint: no round-<k> checkpoint under {root}.")
+        return found[-1]
+    return Path(spec)

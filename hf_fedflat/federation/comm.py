@@ -1,0 +1,154 @@
+"""Cross-process exchange for the round loop.
+
+Why not the stock distributed Trainer: inside ``accelerate launch`` a ``Trainer`` wraps the model in
+DDP (averaging the gradients of *different* clients), shards each client's data across processes and
+hangs when processes take different numbers of steps. Federated processes must instead be independent
+single-process trainers that meet only at round boundaries. So, before ``TrainingArguments`` sets up
+devices, :func:`init_federated_process_group` opens a gloo group for the exchange itself and hides the
+launcher's rank variables: accelerate and the Trainer then see one process each. The exchange (one
+broadcast and one gather per round) packs tensors into one byte buffer, so any dtype travels exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# What launchers (accelerate, torchrun, MPI) set and accelerate/transformers read to go distributed.
+_LAUNCHER_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+    "GROUP_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+    "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK", "TORCHELASTIC_RUN_ID",
+)
+_GROUP: "FederatedProcessGroup | None" = None
+
+
+@dataclass
+class FederatedProcessGroup:
+    """This process's place among the federated processes (world_size 1 without a launcher)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    # -- collectives; identity with one process ------------------------------------------------------
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Small Python objects (metadata) from the main process; in memory only, never from disk."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def broadcast_tensors(self, tensors: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """The main process's ``tensors`` on every process (CPU)."""
+        if not self.distributed:
+            return tensors
+        meta, buffer = pack_tensors(tensors) if self.is_main else (None, None)
+        meta = self.broadcast_object(meta)
+        if not self.is_main:
+            buffer = torch.empty(meta["nbytes"], dtype=torch.uint8)
+        dist.broadcast(buffer, src=0)
+        return unpack_tensors(meta, buffer)
+
+    def gather_tensors(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]] | None:
+        """Every process's ``tensors`` on the main process (in rank order); ``None`` elsewhere."""
+        if not self.distributed:
+            return [tensors]
+        meta, buffer = pack_tensors(tensors)
+        metas = [None] * self.world_size
+        dist.all_gather_object(metas, meta)
+        size = max(m["nbytes"] for m in metas)
+        padded = torch.zeros(size, dtype=torch.uint8)
+        padded[: buffer.numel()] = buffer
+        buffers = [torch.empty(size, dtype=torch.uint8) for _ in range(self.world_size)] if self.is_main else None
+        dist.gather(padded, gather_list=buffers, dst=0)
+        if not self.is_main:
+            return None
+        return [unpack_tensors(m, b[: m["nbytes"]]) for m, b in zip(metas, buffers)]
+
+
+def pack_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, torch.Tensor]:
+    """One uint8 buffer plus ``(name, dtype, shape)`` metadata; exact for every dtype."""
+    entries, chunks, nbytes = [], [], 0
+    for name, tensor in tensors.items():
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), raw.numel()))
+        chunks.append(raw)
+        nbytes += raw.numel()
+    buffer = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
+    return {"entries": entries, "nbytes": nbytes}, buffer
+
+
+def unpack_tensors(meta: dict, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+    out, offset = {}, 0
+    for name, dtype, shape, size in meta["entries"]:
+        raw = buffer[offset: offset + size]
+        offset += size
+        out[name] = raw.clone().view(getattr(torch, dtype)).reshape(shape)
+    return out
+
+
+def init_federated_process_group(use_cpu: bool = False) -> FederatedProcessGroup:
+    """Open the exchange group once per process and hide the launch from accelerate/transformers.
+
+    Idempotent. Without launcher variables (plain ``python``), returns a one-process group. On GPUs each
+    process is pinned to its local device through ``CUDA_VISIBLE_DEVICES`` before CUDA initialises, so
+    the single-process Trainer's ``cuda:0`` is that device.
+    """
+    global _GROUP
+    if _GROUP is not None:
+        return _GROUP
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1 or dist.is_initialized():
+        _GROUP = FederatedProcessGroup(
+            rank=dist.get_rank() if dist.is_initialized() else 0,
+            world_size=dist.get_world_size() if dist.is_initialized() else 1,
+        )
+        return _GROUP
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if not use_cpu and not torch.cuda.is_initialized() and _has_cuda_without_init():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else [str(i) for i in range(_cuda_device_count())]
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank % len(devices)]
+    # gloo carries CPU tensors on every machine; the exchange is once per round, not per step.
+    dist.init_process_group(backend="gloo", rank=rank, world_size=world_size, timeout=timedelta(hours=2))
+    for name in _LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
+    _GROUP = FederatedProcessGroup(rank=rank, world_size=world_size, local_rank=local_rank)
+    return _GROUP
+
+
+def get_process_group() -> FederatedProcessGroup:
+    return _GROUP if _GROUP is not None else init_federated_process_group()
+
+
+def _has_cuda_without_init() -> bool:
+    # torch.cuda.device_count() does not initialise CUDA (it uses NVML when available).
+    return _cuda_device_count() > 0
+
+
+def _cuda_device_count() -> int:
+    try:
+        return torch.cuda.device_count()
+    except Exception:  # no driver
+        return 0

@@ -1,0 +1,40 @@
+"""Seeded client sampling and seeds derived per (round, client).
+
+Randomness is derived from ``(seed, round[, client])`` instead of being drawn from a running
+generator: a resumed run, a run on any number of processes and an uninterrupted run then make the
+same draws with no RNG state to save.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed that depends on every part (stable across processes and Python versions)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def sample_clients(num_clients: int, clients_per_round: int, seed: int, round_index: int) -> list[int]:
+    """``clients_per_round`` distinct client ids for round ``round_index``, sorted."""
+    if not 1 <= clients_per_round <= num_clients:
+        raise ValueError(f"clients_per_round must be in [1, num_clients={num_clients}], got {clients_per_round}.")
+    if clients_per_round == num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng(derive_seed(seed, round_index, 0x5A3))
+    return sorted(int(c) for c in rng.choice(num_clients, size=clients_per_round, replace=False))
+
+
+def assign_to_processes(client_ids: list[int], num_samples: list[int], world_size: int) -> list[list[int]]:
+    """Split a round's clients across processes, balancing sample counts (longest first, greedy).
+
+    Deterministic; every process computes the same assignment. The result keeps no order meaning:
+    the server re-orders updates by client id before aggregating.
+    """
+    loads = [0] * world_size
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    for client_id in sorted(client_ids, key=lambda c: (-num_samples[c], c)):
+        target = min(range(world_size), key=lambda r: (loads[r], r))
+        shares[target].append(client_id)
+        loads[target] += num_samples[client_id]
+    return [sorted(share) for share in shares]

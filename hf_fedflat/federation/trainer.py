@@ -1,0 +1,369 @@
+"""``FederatedTrainer``: the round loop (sample, train locally, gather, aggregate, broadcast, evaluate)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import TrainingArguments, set_seed
+
+from ..algorithms import ClientContext, ClientUpdate, LocalResult, build_algorithm
+from ..config import FedTrainingArguments
+from ..io import atomic_save_safetensors, atomic_write_json
+from ..state import create_client_state_store
+from ..state.store import flatten_state, unflatten_state
+from ..training import ClientTrainer
+from .callbacks import FederatedCallback, RoundReporter
+from .checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
+from .comm import get_process_group
+from .sampling import assign_to_processes, derive_seed, sample_clients
+
+logger = logging.getLogger(__name__)
+
+# The federated loop owns these; the local Trainer must not checkpoint, evaluate, log or push by itself.
+_LOCAL_OVERRIDES = dict(
+    save_strategy="no", eval_strategy="no", logging_strategy="no", report_to="none", push_to_hub=False,
+    load_best_model_at_end=False, disable_tqdm=True, resume_from_checkpoint=None, max_steps=-1,
+)
+#: settings that must match for a checkpoint to be resumed
+FINGERPRINT_FIELDS = (
+    "fed_algorithm", "perturbation", "corrections", "aggregator", "num_clients", "seed", "partition_scheme",
+    "dirichlet_alpha", "classes_per_client", "min_partition_size", "effective_partition_seed",
+)
+
+
+def local_training_arguments(args: FedTrainingArguments) -> TrainingArguments:
+    """A plain ``TrainingArguments`` for the per-client Trainer, built once per process.
+
+    (A new ``TrainingArguments`` resets accelerate's global state, so it is never rebuilt per client.)
+    """
+    names = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+    values = {name: getattr(args, name) for name in names}
+    values.update(_LOCAL_OVERRIDES)
+    values["output_dir"] = os.path.join(args.output_dir, "_local_trainer")
+    return TrainingArguments(**values)
+
+
+def accuracy_metrics(eval_prediction) -> dict[str, float]:
+    """Top-1 accuracy from logits (no Hub metric script needed)."""
+    logits = eval_prediction.predictions[0] if isinstance(eval_prediction.predictions, tuple) else eval_prediction.predictions
+    return {"accuracy": float((np.argmax(logits, axis=-1) == eval_prediction.label_ids).mean())}
+
+
+@dataclass
+class FederatedTrainOutput:
+    params: torch.Tensor
+    history: list[dict]
+    final_model_dir: str | None
+
+
+class FederatedTrainer:
+    """Runs a federated experiment with any registered algorithm.
+
+    Args:
+        model: the model to federate (its trainable parameters are the federated state). Returns a
+            ``loss`` when given ``labels``.
+        args: the run's :class:`FedTrainingArguments`.
+        train_dataset: the full training set; it is split into ``args.num_clients`` clients.
+        eval_dataset: held-out data for the global model.
+        partition: a precomputed :class:`~hf_fedflat.data.ClientPartition`; by default one is made from
+            ``args`` (scheme, alpha, seed) on ``train_dataset``'s ``label_column``.
+        label_column: column the partitioner reads labels from.
+        data_collator, compute_metrics, processing_class: as for ``transformers.Trainer``
+            (``compute_metrics`` defaults to accuracy).
+        callbacks: :class:`FederatedCallback` instances.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        args: FedTrainingArguments,
+        train_dataset,
+        eval_dataset=None,
+        *,
+        partition=None,
+        label_column: str = "label",
+        data_collator=None,
+        compute_metrics=accuracy_metrics,
+        processing_class=None,
+        callbacks: list[FederatedCallback] | None = None,
+    ):
+        self.args = args
+        self.comm = get_process_group()
+        self.algorithm = build_algorithm(args)
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        if partition is None:
+            from ..data import partition_dataset
+
+            partition = partition_dataset(
+                train_dataset, args.num_clients, args.partition_scheme, label_column=label_column,
+                alpha=args.dirichlet_alpha, classes_per_client=args.classes_per_client,
+                min_partition_size=args.min_partition_size, seed=args.effective_partition_seed,
+            )
+        if partition.num_clients != args.num_clients:
+            raise ValueError(f"num_clients: the partition has {partition.num_clients} clients, args say {args.num_clients}.")
+        self.partition = partition
+        self.client_sizes = [int(n) for n in partition.num_samples]
+        self.callbacks = list(callbacks or [])
+        self.client_trainer = ClientTrainer(
+            model=model, args=local_training_arguments(args), data_collator=data_collator,
+            compute_metrics=compute_metrics, processing_class=processing_class,
+        )
+        self.model = self.client_trainer.model
+        self.space = self.client_trainer.space
+        self.history: list[dict] = []
+        self.store = None
+        if self.comm.is_main:
+            store_dir = args.client_state_dir or os.path.join(args.output_dir, "client_states")
+            self.store = create_client_state_store(args.client_state_store, store_dir, args.client_state_memory_mb)
+
+    # ---------------------------------------------------------------------------------------------
+    def _fingerprint(self) -> dict[str, Any]:
+        fp = {name: getattr(self.args, name) for name in FINGERPRINT_FIELDS}
+        fp["num_parameters"] = self.space.numel
+        return fp
+
+    def _call(self, hook: str, *args, **kwargs) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args, **kwargs)
+
+    def _aggregation_weights(self, updates: list[ClientUpdate]) -> torch.Tensor:
+        if self.args.aggregation_weights == "uniform":
+            weights = torch.ones(len(updates), dtype=torch.float64)
+        else:
+            weights = torch.tensor([u.num_samples for u in updates], dtype=torch.float64)
+        return weights / weights.sum()
+
+    # ---------------------------------------------------------------------------------------------
+    def train_client(
+        self,
+        client_id: int,
+        round_index: int,
+        learning_rate: float,
+        global_params: torch.Tensor,
+        broadcast: dict,
+        state: dict,
+    ) -> ClientUpdate:
+        """Local training of one client from ``w^t``; returns its update (CPU tensors)."""
+        device = self.space.device
+        self.space.load_(global_params)
+        ctx = ClientContext(
+            client_id=client_id,
+            round=round_index,
+            global_params=global_params.to(device),
+            broadcast={p: {k: t.to(device) for k, t in part.items()} for p, part in broadcast.items()},
+            state={p: {k: t.to(device) for k, t in part.items()} for p, part in state.items()},
+            learning_rate=learning_rate,
+            num_samples=self.client_sizes[client_id],
+        )
+        workspaces = self.algorithm.begin_client(ctx)
+        trainer = self.client_trainer
+        trainer.start_client(
+            self.partition.client_dataset(self.train_dataset, client_id),
+            learning_rate=learning_rate, algorithm=self.algorithm, workspaces=workspaces,
+            local_epochs=self.args.local_epochs, local_steps=self.args.local_steps,
+        )
+        # Same (seed, round, client) -> same shuffle and dropout, on any process, after any resume.
+        set_seed(derive_seed(self.args.seed, round_index, client_id))
+        output = trainer.train()
+        local_params = self.space.flatten()
+        result = LocalResult(params=local_params, num_steps=int(trainer.state.global_step))
+        new_state, messages = self.algorithm.end_client(ctx, workspaces, result)
+        cpu = lambda parts: {p: {k: t.detach().cpu() for k, t in part.items()} for p, part in parts.items()}  # noqa: E731
+        return ClientUpdate(
+            client_id=client_id,
+            num_samples=ctx.num_samples,
+            num_steps=result.num_steps,
+            train_loss=float(output.training_loss),
+            delta=(local_params - ctx.global_params).cpu(),
+            messages=cpu(messages),
+            state=cpu(new_state),
+        )
+
+    def evaluate(self, params: torch.Tensor | None = None, dataset=None) -> dict[str, float]:
+        """Metrics of the global model (``params``, default: the current weights) on ``dataset``."""
+        if params is not None:
+            self.space.load_(params)
+        dataset = dataset if dataset is not None else self.eval_dataset
+        if dataset is None:
+            return {}
+        metrics = self.client_trainer.evaluate(eval_dataset=dataset, metric_key_prefix="eval")
+        return {k: float(v) for k, v in metrics.items()
+                if k.startswith("eval_") and not k.endswith(("_runtime", "_samples_per_second", "_steps_per_second"))}
+
+    # ---------------------------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> FederatedTrainOutput:
+        """Run ``args.num_rounds`` rounds (from a checkpoint if asked) and save the final model."""
+        args, comm, algorithm = self.args, self.comm, self.algorithm
+        resume = resume_from_checkpoint if resume_from_checkpoint is not None else args.resume_from_checkpoint
+        start_round, wall_offset = 0, 0.0
+        params = server_state = None
+        if comm.is_main:
+            params = self.space.flatten().cpu()
+            server_state = algorithm.init_server_state(params)
+            if resume:
+                params, server_state, start_round, wall_offset = self._restore(resume, params)
+        start_round = comm.broadcast_object(start_round)
+        reporter = RoundReporter(args, self.model) if comm.is_main else None
+        progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", disable=not comm.is_main,
+                        dynamic_ncols=True)
+        run_start = time.perf_counter()
+        for round_index in range(start_round, args.num_rounds):
+            round_start = time.perf_counter()
+            clients = sample_clients(args.num_clients, args.num_clients_per_round, args.seed, round_index)
+            learning_rate = args.learning_rate * args.lr_decay_per_round**round_index
+            self._call("on_round_begin", round_index, clients)
+
+            # main -> all: w^t, what the pieces broadcast, the sampled clients' states
+            payload = None
+            if comm.is_main:
+                payload = {"params": params}
+                payload.update({f"broadcast/{k}": v for k, v in flatten_state(algorithm.broadcast(server_state)).items()})
+                for client_id in clients:
+                    payload.update({f"client/{client_id}/{k}": v for k, v in flatten_state(self.store.get(client_id)).items()})
+            payload = comm.broadcast_tensors(payload)
+            global_params, broadcast, states = _split_payload(payload)
+
+            share = assign_to_processes(clients, self.client_sizes, comm.world_size)[comm.rank]
+            updates = []
+            for client_id in share:
+                update = self.train_client(client_id, round_index, learning_rate, global_params, broadcast,
+                                           states.get(client_id, {}))
+                updates.append(update)
+                self._call("on_client_end", round_index, update)
+
+            gathered = comm.gather_tensors(_encode_updates(updates))
+            if comm.is_main:
+                updates = sorted((u for part in gathered for u in _decode_updates(part)), key=lambda u: u.client_id)
+                weights = self._aggregation_weights(updates)
+                params, server_state = algorithm.server_step(
+                    round_index, params, updates, weights, server_state, args.num_clients
+                )
+                for update in updates:
+                    if update.state:
+                        self.store.put(update.client_id, update.state)
+                self._call("on_aggregate", round_index, updates)
+                record = {
+                    "round": round_index + 1,
+                    "num_clients": len(updates),
+                    "clients": [u.client_id for u in updates],
+                    "learning_rate": learning_rate,
+                    "train_loss": float(sum(w * u.train_loss for w, u in zip(weights.tolist(), updates))),
+                    "local_steps": float(np.mean([u.num_steps for u in updates])),
+                }
+                is_last = round_index + 1 == args.num_rounds
+                if self.eval_dataset is not None and ((round_index + 1) % args.eval_every_n_rounds == 0 or is_last):
+                    record.update(self.evaluate(params))
+                record["round_seconds"] = time.perf_counter() - round_start
+                record["wall_seconds"] = wall_offset + time.perf_counter() - run_start
+                self.history.append(record)
+                atomic_write_json(self.history, os.path.join(args.output_dir, "history.json"))
+                reporter.log(round_index + 1, {k: v for k, v in record.items() if k not in ("round", "clients")})
+                progress.set_postfix({k: f"{record[k]:.4f}" for k in ("eval_accuracy", "train_loss") if k in record})
+                if args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0:
+                    self._save(round_index + 1, params, server_state, record["wall_seconds"])
+                self._call("on_round_end", round_index, record)
+            progress.update(1)
+        progress.close()
+
+        final_dir = None
+        params = comm.broadcast_tensors({"params": params} if comm.is_main else None)["params"]
+        self.space.load_(params)
+        if comm.is_main:
+            reporter.close()
+            final_dir = self.save_model(os.path.join(args.output_dir, "final_model"))
+            self._call("on_train_end", self.history)
+        comm.barrier()
+        return FederatedTrainOutput(params=params, history=self.history, final_model_dir=final_dir)
+
+    # ---------------------------------------------------------------------------------------------
+    def save_model(self, directory: str) -> str:
+        """Save the current (global) model: ``save_pretrained`` when the model has it, else safetensors."""
+        os.makedirs(directory, exist_ok=True)
+        if hasattr(self.model, "save_pretrained"):
+            self.model.save_pretrained(directory)
+        else:
+            atomic_save_safetensors({k: v.contiguous() for k, v in self.model.state_dict().items()},
+                                    os.path.join(directory, "model.safetensors"))
+        atomic_write_json(
+            {"algorithm": self.algorithm.describe(), "num_clients": self.args.num_clients,
+             "clients_per_round": self.args.num_clients_per_round, "num_rounds": self.args.num_rounds,
+             "partition": {"scheme": self.args.partition_scheme, "alpha": self.args.dirichlet_alpha,
+                           "seed": self.args.effective_partition_seed}},
+            os.path.join(directory, "federated_config.json"),
+        )
+        return directory
+
+    def _save(self, round_number: int, params, server_state, wall_seconds: float) -> Path:
+        meta = {"fingerprint": self._fingerprint(), "history": self.history, "wall_seconds": wall_seconds}
+        return save_checkpoint(
+            os.path.join(self.args.output_dir, "checkpoints"), round_number, self.space.named_tensors(params),
+            server_state, self.store, meta, self.args.save_total_limit,
+        )
+
+    def _restore(self, spec, params):
+        path = resolve_checkpoint(spec, os.path.join(self.args.output_dir, "checkpoints"))
+        checkpoint = load_checkpoint(path)
+        saved = checkpoint.meta.get("fingerprint", {})
+        for name, value in self._fingerprint().items():
+            if name in saved and saved[name] != value:
+                raise CheckpointError(
+                    f"{name}: the checkpoint {path} was made with {name}={saved[name]!r}, this run has {value!r}; "
+                    "resume with the original settings or start a new output_dir."
+                )
+        if list(checkpoint.params) != self.space.names:
+            raise CheckpointError(f"Checkpoint {path} holds different parameters than this model.")
+        restored = torch.cat([checkpoint.params[name].reshape(-1) for name in self.space.names]).to(params.dtype)
+        self.store.import_from(checkpoint.client_states_dir)
+        self.history = list(checkpoint.meta.get("history", []))
+        logger.info("Resuming from %s (round %d)", path, checkpoint.round)
+        return restored, checkpoint.server_state, checkpoint.round, float(checkpoint.meta.get("wall_seconds", 0.0))
+
+
+def _split_payload(payload: dict[str, torch.Tensor]):
+    broadcast, states = {}, {}
+    for key, tensor in payload.items():
+        if key.startswith("broadcast/"):
+            broadcast[key.removeprefix("broadcast/")] = tensor
+        elif key.startswith("client/"):
+            _, client_id, rest = key.split("/", 2)
+            states.setdefault(int(client_id), {})[rest] = tensor
+    return payload["params"], unflatten_state(broadcast), {cid: unflatten_state(s) for cid, s in states.items()}
+
+
+def _encode_updates(updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, u in enumerate(updates):
+        out[f"{i}/meta"] = torch.tensor([u.client_id, u.num_samples, u.num_steps], dtype=torch.int64)
+        out[f"{i}/loss"] = torch.tensor([u.train_loss], dtype=torch.float64)
+        out[f"{i}/delta"] = u.delta
+        out.update({f"{i}/msg/{k}": v for k, v in flatten_state(u.messages).items()})
+        out.update({f"{i}/state/{k}": v for k, v in flatten_state(u.state).items()})
+    return out
+
+
+def _decode_updates(tensors: dict[str, torch.Tensor]) -> list[ClientUpdate]:
+    grouped: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        index, rest = key.split("/", 1)
+        grouped.setdefault(int(index), {})[rest] = tensor
+    updates = []
+    for index in sorted(grouped):
+        part = grouped[index]
+        client_id, num_samples, num_steps = (int(x) for x in part["meta"].tolist())
+        messages = {k.removeprefix("msg/"): v for k, v in part.items() if k.startswith("msg/")}
+        state = {k.removeprefix("state/"): v for k, v in part.items() if k.startswith("state/")}
+        updates.append(ClientUpdate(
+            client_id=client_id, num_samples=num_samples, num_steps=num_steps, train_loss=float(part["loss"][0]),
+            delta=part["delta"], messages=unflatten_state(messages), state=unflatten_state(state),
+        ))
+    return updates

@@ -1,0 +1,53 @@
+"""Atomic file writes: a kill mid-write leaves the previous file intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: str | os.PathLike, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata=None) -> None:
+    _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def atomic_write_json(obj, path: str | os.PathLike) -> None:
+    def write(tmp):
+        with open(tmp, "w") as handle:
+            json.dump(obj, handle, indent=2, default=str)
+
+    _atomic_write(path, write)

@@ -1,0 +1,66 @@
+"""The federated state of a model: its trainable parameters as one flat vector."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ParameterSpace:
+    """Trainable parameters in a fixed order, viewed as one flat vector.
+
+    Everything the algorithms compute (``w``, ``g``, ``Delta``, ``c_i``) is a flat vector over exactly
+    these parameters, so one norm and one dot product cover the whole model. Frozen parameters (a
+    pretrained backbone under LoRA) are neither perturbed, corrected, sent nor aggregated.
+    """
+
+    def __init__(self, model: nn.Module):
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("The model has no trainable parameters (requires_grad=True): nothing to federate.")
+        self.names = [name for name, _ in named]
+        self.params = [p for _, p in named]
+        self.shapes = [p.shape for p in self.params]
+        self.numels = [p.numel() for p in self.params]
+        self.numel = sum(self.numels)
+        self.device = self.params[0].device
+        self.dtype = self.params[0].dtype
+
+    def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Views of ``flat`` shaped like the parameters (no copy)."""
+        return [chunk.view(shape) for chunk, shape in zip(flat.split(self.numels), self.shapes)]
+
+    def flatten(self) -> torch.Tensor:
+        """A copy of the current weights as one flat vector (on the model's device)."""
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    @torch.no_grad()
+    def load_(self, flat: torch.Tensor) -> None:
+        """Write a flat vector into the parameters in place."""
+        torch._foreach_copy_(self.params, self.split(flat.to(self.device, self.dtype)))
+
+    @torch.no_grad()
+    def add_(self, flat: torch.Tensor) -> None:
+        torch._foreach_add_(self.params, self.split(flat))
+
+    def grad(self) -> torch.Tensor:
+        """The current gradients as one flat vector (zeros where a parameter got none)."""
+        return torch.cat([
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params
+        ])
+
+    def has_grad(self) -> bool:
+        return any(p.grad is not None for p in self.params)
+
+    def clear_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def set_grad_(self, flat: torch.Tensor) -> None:
+        """Make ``flat`` the gradient the optimizer will step with (views, no copy)."""
+        for p, g in zip(self.params, self.split(flat)):
+            p.grad = g
+
+    def named_tensors(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{parameter name: tensor}`` of a flat vector (for safetensors files)."""
+        return {name: t.contiguous() for name, t in zip(self.names, self.split(flat))}
