@@ -31,7 +31,8 @@ class TinyClassifier(nn.Module):
 def make_tiny_dataset(n: int = 8, in_features: int = 4, num_classes: int = 3, seed: int = 0) -> datasets.Dataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, in_features, generator=g)
-    labels = torch.arange(n) % num_classes
+    teacher = torch.randn(in_features, num_classes, generator=torch.Generator().manual_seed(99))
+    labels = (x @ teacher).argmax(dim=1)  # learnable: a linear teacher labels the points
     ds = datasets.Dataset.from_dict({"x": x.tolist(), "labels": labels.tolist(), "label": labels.tolist()})
     return ds.with_format("torch", columns=["x", "labels"])
 

@@ -113,6 +113,7 @@ class FederatedTrainer:
             raise ValueError(f"num_clients: the partition has {partition.num_clients} clients, args say {args.num_clients}.")
         self.partition = partition
         self.client_sizes = [int(n) for n in partition.num_samples]
+        self._client_datasets: dict[int, Any] = {}  # index views, built once per client
         self.callbacks = list(callbacks or [])
         self.client_trainer = ClientTrainer(
             model=model, args=local_training_arguments(args), data_collator=data_collator,
@@ -167,8 +168,10 @@ class FederatedTrainer:
         )
         workspaces = self.algorithm.begin_client(ctx)
         trainer = self.client_trainer
+        if client_id not in self._client_datasets:
+            self._client_datasets[client_id] = self.partition.client_dataset(self.train_dataset, client_id)
         trainer.start_client(
-            self.partition.client_dataset(self.train_dataset, client_id),
+            self._client_datasets[client_id],
             learning_rate=learning_rate, algorithm=self.algorithm, workspaces=workspaces,
             local_epochs=self.args.local_epochs, local_steps=self.args.local_steps,
         )
@@ -320,7 +323,9 @@ class FederatedTrainer:
                     f"{name}: the checkpoint {path} was made with {name}={saved[name]!r}, this run has {value!r}; "
                     "resume with the original settings or start a new output_dir."
                 )
-        if list(checkpoint.params) != self.space.names:
+        if set(checkpoint.params) != set(self.space.names) or any(
+            checkpoint.params[n].shape != shape for n, shape in zip(self.space.names, self.space.shapes)
+        ):
             raise CheckpointError(f"Checkpoint {path} holds different parameters than this model.")
         restored = torch.cat([checkpoint.params[name].reshape(-1) for name in self.space.names]).to(params.dtype)
         self.store.import_from(checkpoint.client_states_dir)

@@ -32,6 +32,11 @@ class ClientTrainer(Trainer):
         self.remove_callback(PrinterCallback)
         self.remove_callback(ProgressCallback)
         self.space = ParameterSpace(self.model)
+        # Trainer.train() starts with accelerator.free_memory(), whose gc.collect() costs ~0.6 s per client
+        # with the CUDA build of torch imported. Between clients only the accelerator's references to the
+        # previous optimizer/dataloader need dropping; reference counting frees them.
+        if not self.is_deepspeed_enabled:
+            self.accelerator.free_memory = self._release_previous_client
         self.algorithm: FederatedAlgorithm | None = None
         self.workspaces: dict[str, Any] = {}
         #: forward+backward passes run so far (diagnostics and tests)
@@ -59,6 +64,12 @@ class ClientTrainer(Trainer):
             self.args.num_train_epochs = local_epochs
         self.algorithm = algorithm
         self.workspaces = workspaces
+
+    def _release_previous_client(self, *objects):
+        accelerator = self.accelerator
+        accelerator._schedulers, accelerator._optimizers, accelerator._models, accelerator._dataloaders = [], [], [], []
+        accelerator.step = 0
+        return objects[0] if len(objects) == 1 else objects
 
     def _bias_scale(self) -> float:
         """Weight of non-gradient terms per micro-batch: loss scale / accumulation steps."""
