@@ -124,10 +124,11 @@ class FedTrainingArguments(TrainingArguments):
         self._validate_federated_fields()
         # Before the parent sets up devices: a multi-process launch must become N single-process
         # trainers (see hf_fedflat.federation.comm for why).
-        from .federation.comm import init_federated_process_group
+        from .federation.comm import init_federated_process_group, quiet_process_group_warning
 
         init_federated_process_group(use_cpu=self.use_cpu)
-        super().__post_init__()
+        with quiet_process_group_warning():
+            super().__post_init__()
 
     # ------------------------------------------------------------------------------------------------
     @property

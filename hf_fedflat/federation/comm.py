@@ -11,6 +11,8 @@ broadcast and one gather per round) packs tensors into one byte buffer, so any d
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -136,6 +138,25 @@ def init_federated_process_group(use_cpu: bool = False) -> FederatedProcessGroup
         os.environ.pop(name, None)
     _GROUP = FederatedProcessGroup(rank=rank, world_size=world_size, local_rank=local_rank)
     return _GROUP
+
+
+class _DropProcessGroupWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "parallel_mode != ParallelMode.DISTRIBUTED" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_process_group_warning():
+    """transformers warns that our exchange group is "not DDP" on every ``TrainingArguments``: by design."""
+    from transformers.utils import logging as hf_logging
+
+    target = hf_logging.get_logger("transformers.training_args")
+    drop = _DropProcessGroupWarning()
+    target.addFilter(drop)
+    try:
+        yield
+    finally:
+        target.removeFilter(drop)
 
 
 def get_process_group() -> FederatedProcessGroup:

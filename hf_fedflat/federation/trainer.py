@@ -23,7 +23,7 @@ from ..state.store import flatten_state, unflatten_state
 from ..training import ClientTrainer
 from .callbacks import FederatedCallback, RoundReporter
 from .checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
-from .comm import get_process_group
+from .comm import get_process_group, quiet_process_group_warning
 from .sampling import assign_to_processes, derive_seed, sample_clients
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,10 @@ def local_training_arguments(args: FedTrainingArguments) -> TrainingArguments:
     names = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
     values = {name: getattr(args, name) for name in names}
     values.update(_LOCAL_OVERRIDES)
-    values["output_dir"] = os.path.join(args.output_dir, "_local_trainer")
-    return TrainingArguments(**values)
+    if args.use_cpu or not torch.cuda.is_available():
+        values["dataloader_pin_memory"] = False  # nothing to pin to; avoids a warning per client
+    with quiet_process_group_warning():
+        return TrainingArguments(**values)
 
 
 def accuracy_metrics(eval_prediction) -> dict[str, float]:
@@ -217,7 +219,7 @@ class FederatedTrainer:
                 params, server_state, start_round, wall_offset = self._restore(resume, params)
         start_round = comm.broadcast_object(start_round)
         reporter = RoundReporter(args, self.model) if comm.is_main else None
-        progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", disable=not comm.is_main,
+        progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", disable=not comm.is_main or args.disable_tqdm,
                         dynamic_ncols=True)
         run_start = time.perf_counter()
         for round_index in range(start_round, args.num_rounds):
