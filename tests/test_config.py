@@ -1,0 +1,112 @@
+"""FedTrainingArguments: parsing from CLI/YAML/JSON, defaults, and bad values failing early and clearly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import HfArgumentParser
+
+from hf_fedflat import FedTrainingArguments, list_algorithms
+
+BASE = dict(output_dir="/tmp/hf_fedflat_config_test", use_cpu=True)
+
+
+def make(**kwargs):
+    return FedTrainingArguments(**{**BASE, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"fed_algorithm": "fedmagic"}, "fed_algorithm"),
+        ({"num_clients": 0}, "num_clients"),
+        ({"num_clients": 10, "clients_per_round": 11}, "clients_per_round"),
+        ({"clients_per_round": 5, "participation_fraction": 0.5}, "clients_per_round"),
+        ({"participation_fraction": 1.5}, "participation_fraction"),
+        ({"participation_fraction": 0.0}, "participation_fraction"),
+        ({"rho": -0.1}, "rho"),
+        ({"dirichlet_alpha": 0.0}, "dirichlet_alpha"),
+        ({"dirichlet_alpha": -1.0}, "dirichlet_alpha"),
+        ({"num_rounds": 0}, "num_rounds"),
+        ({"local_epochs": 0.0}, "local_epochs"),
+        ({"local_steps": 0}, "local_steps"),
+        ({"server_learning_rate": 0.0}, "server_learning_rate"),
+        ({"lr_decay_per_round": 1.5}, "lr_decay_per_round"),
+        ({"lr_decay_per_round": 0.0}, "lr_decay_per_round"),
+        ({"aggregation_weights": "by_size"}, "aggregation_weights"),
+        ({"partition_scheme": "zipf"}, "partition_scheme"),
+        ({"classes_per_client": 0}, "classes_per_client"),
+        ({"min_partition_size": 0}, "min_partition_size"),
+        ({"client_state_store": "redis"}, "client_state_store"),
+        ({"save_every_n_rounds": -1}, "save_every_n_rounds"),
+        ({"num_rounds": 5, "save_every_n_rounds": 10}, "save_every_n_rounds"),
+        ({"max_steps": 100}, "max_steps"),
+        ({"perturbation": "sharp"}, "perturbation"),
+        ({"corrections": "scaffold,magic"}, "corrections"),
+        ({"aggregator": "median"}, "aggregator"),
+        ({"learning_rate": float("nan")}, "learning_rate"),
+        ({"eval_every_n_rounds": 0}, "eval_every_n_rounds"),
+    ],
+)
+def test_bad_configuration_names_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        make(**overrides)
+
+
+def test_unknown_algorithm_lists_the_available_ones():
+    with pytest.raises(ValueError) as error:
+        make(fed_algorithm="fedmagic")
+    for name in list_algorithms():
+        assert name in str(error.value)
+
+
+def test_defaults_follow_the_papers():
+    args = make()
+    assert args.optim == "sgd" and args.lr_scheduler_type == "constant" and args.max_grad_norm == 10.0
+    assert args.num_clients_per_round == 10  # 10% of 100
+    assert make(fed_algorithm="fedsam").rho == 0.05
+    assert make(fed_algorithm="fedsam", rho=0.3).rho == 0.3
+    assert make(num_clients=20, participation_fraction=0.25).num_clients_per_round == 5
+    assert make(seed=3).effective_partition_seed == 3 and make(seed=3, partition_seed=9).effective_partition_seed == 9
+
+
+def test_every_field_has_help():
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    own = {f.name for f in dataclasses.fields(FedTrainingArguments)} - {f.name for f in dataclasses.fields(TrainingArguments)}
+    overridden = {"learning_rate", "optim", "lr_scheduler_type", "max_grad_norm", "per_device_train_batch_size",
+                  "remove_unused_columns"}
+    for f in dataclasses.fields(FedTrainingArguments):
+        if f.name in own | overridden:
+            assert f.metadata.get("help"), f.name
+
+
+def test_parse_from_cli_yaml_and_json(tmp_path):
+    parser = HfArgumentParser(FedTrainingArguments)
+    (cli,) = parser.parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--use_cpu", "true", "--fed_algorithm", "fedgamma", "--num_clients", "20",
+         "--clients_per_round", "4", "--rho", "0.1", "--num_rounds", "3"]
+    )
+    assert (cli.fed_algorithm, cli.num_clients, cli.num_clients_per_round, cli.rho) == ("fedgamma", 20, 4, 0.1)
+
+    config = {"output_dir": str(tmp_path), "use_cpu": True, "fed_algorithm": "scaffold", "num_clients": 12,
+              "participation_fraction": 0.5, "dirichlet_alpha": 0.7, "scaffold_lambda": 0.5}
+    (tmp_path / "run.json").write_text(json.dumps(config))
+    (from_json,) = parser.parse_json_file(str(tmp_path / "run.json"))
+    yaml_text = "\n".join(f"{k}: {json.dumps(v)}" for k, v in config.items())
+    (tmp_path / "run.yaml").write_text(yaml_text)
+    (from_yaml,) = parser.parse_yaml_file(str(tmp_path / "run.yaml"))
+    for parsed in (from_json, from_yaml):
+        assert (parsed.fed_algorithm, parsed.num_clients_per_round, parsed.dirichlet_alpha, parsed.scaffold_lambda) == (
+            "scaffold", 6, 0.7, 0.5)
+
+
+def test_bad_value_from_the_command_line_fails_before_anything_loads(tmp_path):
+    parser = HfArgumentParser(FedTrainingArguments)
+    with pytest.raises(ValueError, match="clients_per_round"):
+        parser.parse_args_into_dataclasses(
+            ["--output_dir", str(tmp_path), "--use_cpu", "true", "--num_clients", "4", "--clients_per_round", "8"]
+        )
