@@ -10,6 +10,7 @@ from transformers import TrainingArguments
 AGGREGATION_WEIGHTS = ("samples", "uniform")
 PARTITION_SCHEMES = ("iid", "dirichlet", "inner_dirichlet", "pathological")
 CLIENT_STATE_STORES = ("auto", "memory", "disk")
+BATCHNORM_BUFFERS = ("error", "average")
 #: rho when neither the user nor the preset sets one
 DEFAULT_RHO = 0.05
 DEFAULT_PARTICIPATION = 0.1
@@ -90,6 +91,13 @@ class FedTrainingArguments(TrainingArguments):
     classes_per_client: int = field(default=2, metadata={"help": "Classes per client of the pathological partition."})
     min_partition_size: int = field(default=2, metadata={"help": "Smallest client dataset a Dirichlet partition may produce."})
     partition_seed: int | None = field(default=None, metadata={"help": "Seed of the partition (default: seed)."})
+
+    batchnorm_buffers: str = field(
+        default="error",
+        metadata={"help": "Models with BatchNorm: 'error' refuses them (use GroupNorm, e.g. the resnet18_gn model, "
+                          "as the federated papers do); 'average' averages the running statistics across clients "
+                          "with the aggregation weights."},
+    )
 
     # --- evaluation, checkpoints, client state --------------------------------------------------------
     eval_every_n_rounds: int = field(default=1, metadata={"help": "Evaluate the global model every N rounds (and at the end)."})
@@ -191,6 +199,8 @@ class FedTrainingArguments(TrainingArguments):
             _fail("aggregation_weights", f"must be one of {AGGREGATION_WEIGHTS}, got {self.aggregation_weights!r}.")
         if self.partition_scheme not in PARTITION_SCHEMES:
             _fail("partition_scheme", f"must be one of {PARTITION_SCHEMES}, got {self.partition_scheme!r}.")
+        if self.batchnorm_buffers not in BATCHNORM_BUFFERS:
+            _fail("batchnorm_buffers", f"must be one of {BATCHNORM_BUFFERS}, got {self.batchnorm_buffers!r}.")
         if self.client_state_store not in CLIENT_STATE_STORES:
             _fail("client_state_store", f"must be one of {CLIENT_STATE_STORES}, got {self.client_state_store!r}.")
         if self.max_steps is not None and self.max_steps > 0:

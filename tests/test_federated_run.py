@@ -48,6 +48,22 @@ def test_history_outputs_and_learning(tmp_path):
     flat = torch.cat([saved[name].reshape(-1) for name in trainer.space.names])
     torch.testing.assert_close(flat, output.params, rtol=0, atol=0)
     assert json.loads((final / "federated_config.json").read_text())["algorithm"]["aggregator"] == "mean"
+    partition = json.loads((tmp_path / "partition.json").read_text())
+    assert sum(sum(row) for row in partition["label_counts"]) == len(TRAIN)
+    assert (tmp_path / "partition_heatmap.png").stat().st_size > 1000
+
+
+def test_report_to_tensorboard_gets_one_point_per_round(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run(tmp_path, fed_algorithm="fedavg", num_rounds=3, report_to="tensorboard")
+    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+    assert len(event_dirs) == 1
+    events = EventAccumulator(str(event_dirs.pop()))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("eval/accuracy")]
+    assert steps == [1, 2, 3]
+    assert [e.step for e in events.Scalars("train/train_loss")] == [1, 2, 3]
 
 
 def test_same_seed_same_model_different_seed_different_model(tmp_path):
@@ -103,3 +119,43 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     run(tmp_path, fed_algorithm="scaffold", num_rounds=2, save_every_n_rounds=1)
     with pytest.raises(CheckpointError, match="num_clients"):
         run(tmp_path, fed_algorithm="scaffold", num_clients=8, resume="latest")
+
+
+class TinyBatchNormClassifier(TinyClassifier):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.BatchNorm1d(5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+
+def test_batchnorm_model_is_refused_by_default(tmp_path):
+    args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_clients=4, clients_per_round=2,
+                                partition_scheme="iid")
+    with pytest.raises(ValueError, match="batchnorm_buffers"):
+        FederatedTrainer(TinyBatchNormClassifier(), args, TRAIN, TEST, label_column="labels")
+
+
+def test_batchnorm_statistics_are_averaged_with_the_aggregation_weights(tmp_path):
+    from hf_fedflat import FederatedCallback
+
+    class Capture(FederatedCallback):
+        def __init__(self):
+            self.updates = []
+
+        def on_aggregate(self, trainer, round_index, updates, **kwargs):
+            self.updates = updates
+
+    capture = Capture()
+    args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_clients=3, clients_per_round=3,
+                                num_rounds=1, local_steps=2, per_device_train_batch_size=4, partition_scheme="dirichlet",
+                                dirichlet_alpha=0.5, min_partition_size=8, batchnorm_buffers="average")
+    torch.manual_seed(0)
+    model = TinyBatchNormClassifier()
+    trainer = FederatedTrainer(model, args, TRAIN, TEST, label_column="labels", callbacks=[capture])
+    trainer.train()
+    sizes = torch.tensor([u.num_samples for u in capture.updates], dtype=torch.float64)
+    weights = sizes / sizes.sum()
+    expected = sum(w * u.buffers for w, u in zip(weights.tolist(), capture.updates))
+    assert len({u.num_samples for u in capture.updates}) > 1  # unequal weights: the check has teeth
+    torch.testing.assert_close(trainer.buffer_space.flatten(), expected, rtol=0, atol=1e-6)
+    bn = model.net[1]
+    assert not torch.equal(bn.running_mean, torch.zeros(5))

@@ -76,7 +76,8 @@ class ClientUpdate:
     delta: Tensor  # w_i - w^t, flat, CPU
     messages: dict[str, StateDict] = field(default_factory=dict)
     state: dict[str, StateDict] = field(default_factory=dict)
-    failed: str | None = None
+    #: floating buffers after local training (only with ``batchnorm_buffers="average"``)
+    buffers: Tensor | None = None
 
 
 @dataclass

@@ -20,7 +20,7 @@ from ..config import FedTrainingArguments
 from ..io import atomic_save_safetensors, atomic_write_json
 from ..state import create_client_state_store
 from ..state.store import flatten_state, unflatten_state
-from ..training import ClientTrainer
+from ..training import BufferSpace, ClientTrainer
 from .callbacks import FederatedCallback, RoundReporter
 from .checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
 from .comm import get_process_group, quiet_process_group_warning
@@ -117,12 +117,24 @@ class FederatedTrainer:
         self.client_sizes = [int(n) for n in partition.num_samples]
         self._client_datasets: dict[int, Any] = {}  # index views, built once per client
         self.callbacks = list(callbacks or [])
+        if args.batchnorm_buffers == "error":
+            from ..models import batchnorm_modules
+
+            found = batchnorm_modules(model)
+            if found:
+                raise ValueError(
+                    f"batchnorm_buffers: the model has BatchNorm layers ({', '.join(found[:3])}"
+                    f"{', ...' if len(found) > 3 else ''}) whose running statistics are not parameters. Use a GroupNorm "
+                    "model (e.g. create_model('resnet18_gn', ...), as the federated papers do) or set "
+                    "batchnorm_buffers='average' to average the statistics across clients."
+                )
         self.client_trainer = ClientTrainer(
             model=model, args=local_training_arguments(args), data_collator=data_collator,
             compute_metrics=compute_metrics, processing_class=processing_class,
         )
         self.model = self.client_trainer.model
         self.space = self.client_trainer.space
+        self.buffer_space = BufferSpace(self.model) if args.batchnorm_buffers == "average" else None
         self.history: list[dict] = []
         self.store = None
         if self.comm.is_main:
@@ -155,10 +167,11 @@ class FederatedTrainer:
         global_params: torch.Tensor,
         broadcast: dict,
         state: dict,
+        global_buffers: torch.Tensor | None = None,
     ) -> ClientUpdate:
         """Local training of one client from ``w^t``; returns its update (CPU tensors)."""
         device = self.space.device
-        self.space.load_(global_params)
+        self._load_global(global_params, global_buffers)
         ctx = ClientContext(
             client_id=client_id,
             round=round_index,
@@ -192,12 +205,18 @@ class FederatedTrainer:
             delta=(local_params - ctx.global_params).cpu(),
             messages=cpu(messages),
             state=cpu(new_state),
+            buffers=self.buffer_space.flatten().cpu() if self.buffer_space is not None else None,
         )
 
-    def evaluate(self, params: torch.Tensor | None = None, dataset=None) -> dict[str, float]:
+    def _load_global(self, params: torch.Tensor, buffers: torch.Tensor | None) -> None:
+        self.space.load_(params)
+        if self.buffer_space is not None and buffers is not None:
+            self.buffer_space.load_(buffers)
+
+    def evaluate(self, params: torch.Tensor | None = None, dataset=None, buffers=None) -> dict[str, float]:
         """Metrics of the global model (``params``, default: the current weights) on ``dataset``."""
         if params is not None:
-            self.space.load_(params)
+            self._load_global(params, buffers)
         dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
             return {}
@@ -211,12 +230,14 @@ class FederatedTrainer:
         args, comm, algorithm = self.args, self.comm, self.algorithm
         resume = resume_from_checkpoint if resume_from_checkpoint is not None else args.resume_from_checkpoint
         start_round, wall_offset = 0, 0.0
-        params = server_state = None
+        params = server_state = buffers = None
         if comm.is_main:
             params = self.space.flatten().cpu()
+            buffers = self.buffer_space.flatten().cpu() if self.buffer_space is not None else None
             server_state = algorithm.init_server_state(params)
             if resume:
-                params, server_state, start_round, wall_offset = self._restore(resume, params)
+                params, buffers, server_state, start_round, wall_offset = self._restore(resume, params)
+            self._write_partition()
         start_round = comm.broadcast_object(start_round)
         reporter = RoundReporter(args, self.model) if comm.is_main else None
         progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", disable=not comm.is_main or args.disable_tqdm,
@@ -232,17 +253,20 @@ class FederatedTrainer:
             payload = None
             if comm.is_main:
                 payload = {"params": params}
+                if buffers is not None:
+                    payload["buffers"] = buffers
                 payload.update({f"broadcast/{k}": v for k, v in flatten_state(algorithm.broadcast(server_state)).items()})
                 for client_id in clients:
                     payload.update({f"client/{client_id}/{k}": v for k, v in flatten_state(self.store.get(client_id)).items()})
             payload = comm.broadcast_tensors(payload)
             global_params, broadcast, states = _split_payload(payload)
+            global_buffers = payload.get("buffers")
 
             share = assign_to_processes(clients, self.client_sizes, comm.world_size)[comm.rank]
             updates = []
             for client_id in share:
                 update = self.train_client(client_id, round_index, learning_rate, global_params, broadcast,
-                                           states.get(client_id, {}))
+                                           states.get(client_id, {}), global_buffers)
                 updates.append(update)
                 self._call("on_client_end", round_index, update)
 
@@ -253,6 +277,8 @@ class FederatedTrainer:
                 params, server_state = algorithm.server_step(
                     round_index, params, updates, weights, server_state, args.num_clients
                 )
+                if buffers is not None:  # running statistics: weighted mean, like FedAvg
+                    buffers = sum(w * u.buffers for w, u in zip(weights.tolist(), updates))
                 for update in updates:
                     if update.state:
                         self.store.put(update.client_id, update.state)
@@ -267,7 +293,7 @@ class FederatedTrainer:
                 }
                 is_last = round_index + 1 == args.num_rounds
                 if self.eval_dataset is not None and ((round_index + 1) % args.eval_every_n_rounds == 0 or is_last):
-                    record.update(self.evaluate(params))
+                    record.update(self.evaluate(params, buffers=buffers))
                 record["round_seconds"] = time.perf_counter() - round_start
                 record["wall_seconds"] = wall_offset + time.perf_counter() - run_start
                 self.history.append(record)
@@ -275,14 +301,17 @@ class FederatedTrainer:
                 reporter.log(round_index + 1, {k: v for k, v in record.items() if k not in ("round", "clients")})
                 progress.set_postfix({k: f"{record[k]:.4f}" for k in ("eval_accuracy", "train_loss") if k in record})
                 if args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0:
-                    self._save(round_index + 1, params, server_state, record["wall_seconds"])
+                    self._save(round_index + 1, params, buffers, server_state, record["wall_seconds"])
                 self._call("on_round_end", round_index, record)
             progress.update(1)
         progress.close()
 
         final_dir = None
-        params = comm.broadcast_tensors({"params": params} if comm.is_main else None)["params"]
-        self.space.load_(params)
+        final = comm.broadcast_tensors(
+            ({"params": params} | ({"buffers": buffers} if buffers is not None else {})) if comm.is_main else None
+        )
+        params = final["params"]
+        self._load_global(params, final.get("buffers"))
         if comm.is_main:
             reporter.close()
             final_dir = self.save_model(os.path.join(args.output_dir, "final_model"))
@@ -308,10 +337,24 @@ class FederatedTrainer:
         )
         return directory
 
-    def _save(self, round_number: int, params, server_state, wall_seconds: float) -> Path:
+    def _write_partition(self) -> None:
+        """``partition.json`` (per-client indices and label counts) and ``partition_heatmap.png``."""
+        from ..data import plot_partition_heatmap
+
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        self.partition.save_json(os.path.join(self.args.output_dir, "partition.json"))
+        plot_partition_heatmap(
+            self.partition, os.path.join(self.args.output_dir, "partition_heatmap.png"),
+            title=f"{self.args.partition_scheme} partition, {self.args.num_clients} clients",
+        )
+
+    def _save(self, round_number: int, params, buffers, server_state, wall_seconds: float) -> Path:
         meta = {"fingerprint": self._fingerprint(), "history": self.history, "wall_seconds": wall_seconds}
+        tensors = self.space.named_tensors(params)
+        if buffers is not None:
+            tensors.update(self.buffer_space.named_tensors(buffers))
         return save_checkpoint(
-            os.path.join(self.args.output_dir, "checkpoints"), round_number, self.space.named_tensors(params),
+            os.path.join(self.args.output_dir, "checkpoints"), round_number, tensors,
             server_state, self.store, meta, self.args.save_total_limit,
         )
 
@@ -325,15 +368,20 @@ class FederatedTrainer:
                     f"{name}: the checkpoint {path} was made with {name}={saved[name]!r}, this run has {value!r}; "
                     "resume with the original settings or start a new output_dir."
                 )
-        if set(checkpoint.params) != set(self.space.names) or any(
-            checkpoint.params[n].shape != shape for n, shape in zip(self.space.names, self.space.shapes)
-        ):
+        names, shapes = list(self.space.names), list(self.space.shapes)
+        if self.buffer_space is not None:
+            names, shapes = names + self.buffer_space.names, shapes + self.buffer_space.shapes
+        if set(checkpoint.params) != set(names) or any(checkpoint.params[n].shape != s for n, s in zip(names, shapes)):
             raise CheckpointError(f"Checkpoint {path} holds different parameters than this model.")
         restored = torch.cat([checkpoint.params[name].reshape(-1) for name in self.space.names]).to(params.dtype)
+        buffers = None
+        if self.buffer_space is not None:
+            buffers = torch.cat([checkpoint.params[n].reshape(-1).float() for n in self.buffer_space.names])
         self.store.import_from(checkpoint.client_states_dir)
         self.history = list(checkpoint.meta.get("history", []))
         logger.info("Resuming from %s (round %d)", path, checkpoint.round)
-        return restored, checkpoint.server_state, checkpoint.round, float(checkpoint.meta.get("wall_seconds", 0.0))
+        wall_seconds = float(checkpoint.meta.get("wall_seconds", 0.0))
+        return restored, buffers, checkpoint.server_state, checkpoint.round, wall_seconds
 
 
 def _split_payload(payload: dict[str, torch.Tensor]):
@@ -353,6 +401,8 @@ def _encode_updates(updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
         out[f"{i}/meta"] = torch.tensor([u.client_id, u.num_samples, u.num_steps], dtype=torch.int64)
         out[f"{i}/loss"] = torch.tensor([u.train_loss], dtype=torch.float64)
         out[f"{i}/delta"] = u.delta
+        if u.buffers is not None:
+            out[f"{i}/buffers"] = u.buffers
         out.update({f"{i}/msg/{k}": v for k, v in flatten_state(u.messages).items()})
         out.update({f"{i}/state/{k}": v for k, v in flatten_state(u.state).items()})
     return out
@@ -372,5 +422,6 @@ def _decode_updates(tensors: dict[str, torch.Tensor]) -> list[ClientUpdate]:
         updates.append(ClientUpdate(
             client_id=client_id, num_samples=num_samples, num_steps=num_steps, train_loss=float(part["loss"][0]),
             delta=part["delta"], messages=unflatten_state(messages), state=unflatten_state(state),
+            buffers=part.get("buffers"),
         ))
     return updates

@@ -1,6 +1,6 @@
 """Local (client) training."""
 
 from .client_trainer import ClientTrainer
-from .parameters import ParameterSpace
+from .parameters import BufferSpace, ParameterSpace
 
-__all__ = ["ClientTrainer", "ParameterSpace"]
+__all__ = ["BufferSpace", "ClientTrainer", "ParameterSpace"]

@@ -64,3 +64,35 @@ class ParameterSpace:
     def named_tensors(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{parameter name: tensor}`` of a flat vector (for safetensors files)."""
         return {name: t.contiguous() for name, t in zip(self.names, self.split(flat))}
+
+
+class BufferSpace:
+    """Floating-point buffers (BatchNorm running statistics) as one flat vector.
+
+    Used only when ``batchnorm_buffers="average"``: the server then averages the clients' running
+    statistics with the aggregation weights, like FedAvg averages weights. They are never perturbed
+    or corrected. Integer buffers (``num_batches_tracked``) stay local: they do not change outputs
+    when BatchNorm uses a momentum.
+    """
+
+    def __init__(self, model: nn.Module):
+        persistent = set(model.state_dict())
+        named = [(n, b) for n, b in model.named_buffers() if b.is_floating_point() and n in persistent]
+        self.names = [n for n, _ in named]
+        self.buffers = [b for _, b in named]
+        self.shapes = [b.shape for b in self.buffers]
+        self.numels = [b.numel() for b in self.buffers]
+        self.numel = sum(self.numels)
+
+    def flatten(self) -> torch.Tensor:
+        if not self.buffers:
+            return torch.zeros(0)
+        return torch.cat([b.detach().reshape(-1).float() for b in self.buffers])
+
+    @torch.no_grad()
+    def load_(self, flat: torch.Tensor) -> None:
+        for buffer, chunk, shape in zip(self.buffers, flat.split(self.numels), self.shapes):
+            buffer.copy_(chunk.view(shape))
+
+    def named_tensors(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {name: t.view(shape).contiguous() for name, t, shape in zip(self.names, flat.split(self.numels), self.shapes)}
