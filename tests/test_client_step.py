@@ -174,3 +174,35 @@ def test_reused_trainer_resets_optimizer_and_lr(tmp_path, tiny_data):
     fresh_ctx.learning_rate = 0.05
     run_client(fresh, algorithm, make_tiny_dataset(seed=5), fresh_ctx, steps=2)
     torch.testing.assert_close(reused, fresh.space.flatten(), rtol=0, atol=0)
+
+
+def test_loss_scaling_scales_the_correction_too(tmp_path, tiny_data):
+    """Under fp16-style loss scaling the gradients arrive multiplied by S; SCAFFOLD's term must be too,
+    or the unscaled step would shrink it by 1/S. With S = 8 (exact in float) the result equals fp32."""
+    results = []
+    for scale in (None, 8.0):
+        torch.manual_seed(0)
+        model = TinyClassifier()
+        # no clipping: with mixed_precision "no" accelerate would clip before unscaling (real fp16 unscales first)
+        args, trainer = make_trainer(tmp_path / str(scale), model, fed_algorithm="fedgamma", rho=0.1,
+                                     max_grad_norm=1e6)
+        if scale is not None:
+            trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=10**6)
+        algorithm = build_algorithm(args)
+        c = torch.full((trainer.space.numel,), 0.3)
+        run_client(trainer, algorithm, tiny_data, context(trainer, broadcast={"scaffold": {"c": c}}), steps=2)
+        results.append(trainer.space.flatten())
+        if scale is not None:
+            assert trainer._bias_scale() == scale
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-6)
+
+
+def test_bf16_autocast_runs_the_two_pass_step(tmp_path, tiny_model, tiny_data):
+    args, trainer = make_trainer(tmp_path, tiny_model, fed_algorithm="fedgamma", bf16=True)
+    algorithm = build_algorithm(args)
+    start = trainer.space.flatten()
+    c = torch.zeros(trainer.space.numel)
+    run_client(trainer, algorithm, tiny_data, context(trainer, broadcast={"scaffold": {"c": c}}), steps=2)
+    moved = trainer.space.flatten() - start
+    assert torch.isfinite(moved).all() and moved.abs().max() > 0
+    assert trainer.gradient_passes == 4 and trainer.accelerator.mixed_precision == "bf16"
