@@ -124,6 +124,7 @@ class FedTrainingArguments(TrainingArguments):
     )
     max_grad_norm: float = field(default=10.0, metadata={"help": "Clip the final step direction to this norm (papers: 10)."})
     per_device_train_batch_size: int = field(default=32, metadata={"help": "Local batch size."})
+    per_device_eval_batch_size: int = field(default=128, metadata={"help": "Batch size when evaluating the global model."})
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Keep False for datasets with on-the-fly transforms (with_transform)."}
     )
