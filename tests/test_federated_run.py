@@ -159,3 +159,24 @@ def test_batchnorm_statistics_are_averaged_with_the_aggregation_weights(tmp_path
     torch.testing.assert_close(trainer.buffer_space.flatten(), expected, rtol=0, atol=1e-6)
     bn = model.net[1]
     assert not torch.equal(bn.running_mean, torch.zeros(5))
+
+
+def test_each_client_and_round_gets_its_own_data_order(tmp_path):
+    """The Trainer's sampler is seeded from (seed, round, client), even when the user sets data_seed."""
+    from transformers import set_seed
+
+    from hf_fedflat.federation import derive_seed
+
+    args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_clients=2, clients_per_round=2,
+                                partition_scheme="iid", per_device_train_batch_size=8, data_seed=5)
+    trainer = FederatedTrainer(TinyClassifier(), args, TRAIN, TEST, label_column="labels").client_trainer
+    trainer.train_dataset = TRAIN
+
+    def first_batch(seed):
+        set_seed(seed)
+        loader = trainer.accelerator.prepare(trainer.get_train_dataloader())
+        return next(iter(loader))["labels"].tolist(), next(iter(loader))["x"][0].tolist()
+
+    assert first_batch(derive_seed(7, 0, 1)) == first_batch(derive_seed(7, 0, 1))
+    assert first_batch(derive_seed(7, 0, 1)) != first_batch(derive_seed(7, 0, 2))
+    assert first_batch(derive_seed(7, 0, 1)) != first_batch(derive_seed(7, 1, 1))

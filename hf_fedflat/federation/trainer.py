@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 _LOCAL_OVERRIDES = dict(
     save_strategy="no", eval_strategy="no", logging_strategy="no", report_to="none", push_to_hub=False,
     load_best_model_at_end=False, disable_tqdm=True, resume_from_checkpoint=None, max_steps=-1,
+    # A fixed data_seed would give every client the same shuffle in every round; the order comes from
+    # the seed derived per (seed, round, client) instead (accelerate's sampler reads torch's seed).
+    data_seed=None,
 )
 #: settings that must match for a checkpoint to be resumed
 FINGERPRINT_FIELDS = (
