@@ -134,13 +134,16 @@ class Perturbation(ClientPiece, ABC):
 class Correction(ClientPiece, ABC):
     """A term applied to the direction before the optimizer step (affine in the direction)."""
 
+    #: whether ``apply`` reads the current weights (``params``); if not, it receives ``None``
+    uses_params: ClassVar[bool] = True
+
     @abstractmethod
-    def apply(self, direction: Tensor, params: Tensor, workspace: Any, bias_scale: float = 1.0) -> Tensor:
+    def apply(self, direction: Tensor, params: Tensor | None, workspace: Any, bias_scale: float = 1.0) -> Tensor:
         """Returns the corrected direction.
 
         Args:
             direction: the current direction ``d`` (flat).
-            params: the current local weights ``w`` (flat).
+            params: the current local weights ``w`` (flat); ``None`` when ``uses_params`` is False.
             workspace: what ``begin`` returned for this client and round.
             bias_scale: factor for the terms that do not come from the minibatch gradient. With gradient
                 accumulation over M micro-batches (and a loss scale S under fp16) those terms must be

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .base import (
     Aggregator,
@@ -59,10 +59,19 @@ class FederatedAlgorithm:
         return {piece.name: piece.begin(ctx) for piece in self.client_pieces}
 
     def direction(
-        self, grad_at: GradFn, params: Tensor, workspaces: dict[str, Any], bias_scale: float = 1.0
+        self,
+        grad_at: GradFn,
+        current_params: Callable[[], Tensor],
+        workspaces: dict[str, Any],
+        bias_scale: float = 1.0,
     ) -> tuple[Tensor, Tensor]:
-        """``(loss, d)``: the perturbation's direction, then every correction in order."""
+        """``(loss, d)``: the perturbation's direction, then every correction in order.
+
+        ``current_params()`` returns ``w`` as a flat vector; it is called only if a correction reads ``w``
+        (a full copy per step that SCAFFOLD, say, does not need).
+        """
         loss, direction = self.perturbation.direction(grad_at, workspaces[self.perturbation.name])
+        params = current_params() if any(c.uses_params for c in self.corrections) else None
         for correction in self.corrections:
             direction = correction.apply(direction, params, workspaces[correction.name], bias_scale)
         return loss, direction

@@ -22,6 +22,7 @@ class ScaffoldCorrection(Correction):
     """
 
     name = "scaffold"
+    uses_params = False
 
     def __init__(self, scale: float = 1.0):
         self.scale = scale
@@ -37,15 +38,16 @@ class ScaffoldCorrection(Correction):
             c_i = torch.zeros_like(c)
         return {"c": c, "c_i": c_i, "shift": c - c_i}
 
-    def apply(self, direction: Tensor, params: Tensor, workspace, bias_scale: float = 1.0) -> Tensor:
+    def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         return direction.add(workspace["shift"], alpha=self.scale * bias_scale)
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
         c, c_i = workspace["c"], workspace["c_i"]
         if result.num_steps == 0:
             return {"c_i": c_i}, {"dc": torch.zeros_like(c_i)}
-        new_c_i = c_i - c + (ctx.global_params - result.params) / (result.num_steps * ctx.learning_rate)
-        return {"c_i": new_c_i}, {"dc": new_c_i - c_i}
+        # dc_i = c_i+ - c_i = (w^t - w_i) / (K * eta) - c
+        dc = (ctx.global_params - result.params).div_(result.num_steps * ctx.learning_rate).sub_(c)
+        return {"c_i": c_i + dc}, {"dc": dc}
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"c": torch.zeros_like(params)}

@@ -85,11 +85,17 @@ class ClientTrainer(Trainer):
 
         space = self.space
         earlier = space.grad() if space.has_grad() else None  # earlier micro-batches of this step
-        params = space.flatten()
+        saved: list[torch.Tensor] = []  # a copy of w, made only when someone needs it
+
+        def current_params() -> torch.Tensor:
+            if not saved:
+                saved.append(space.flatten())
+            return saved[0]
 
         def grad_at(offset: torch.Tensor | None):
             space.clear_grad()
             if offset is not None:
+                params = current_params()
                 space.add_(offset)
             self.gradient_passes += 1
             loss = Trainer.training_step(self, model, inputs, num_items_in_batch)
@@ -97,7 +103,7 @@ class ClientTrainer(Trainer):
                 space.load_(params)  # restore from the copy: exact, unlike subtracting offset
             return loss, space.grad()
 
-        loss, direction = algorithm.direction(grad_at, params, self.workspaces, self._bias_scale())
+        loss, direction = algorithm.direction(grad_at, current_params, self.workspaces, self._bias_scale())
         if earlier is not None:
             direction = direction + earlier
         space.set_grad_(direction)
