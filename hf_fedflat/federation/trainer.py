@@ -243,8 +243,8 @@ class FederatedTrainer:
             self._write_partition()
         start_round = comm.broadcast_object(start_round)
         reporter = RoundReporter(args, self.model) if comm.is_main else None
-        progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", disable=not comm.is_main or args.disable_tqdm,
-                        dynamic_ncols=True)
+        progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", dynamic_ncols=True,
+                        disable=not comm.is_main or args.disable_tqdm)
         run_start = time.perf_counter()
         for round_index in range(start_round, args.num_rounds):
             round_start = time.perf_counter()
@@ -252,18 +252,11 @@ class FederatedTrainer:
             learning_rate = args.learning_rate * args.lr_decay_per_round**round_index
             self._call("on_round_begin", round_index, clients)
 
-            # main -> all: w^t, what the pieces broadcast, the sampled clients' states
-            payload = None
-            if comm.is_main:
-                payload = {"params": params}
-                if buffers is not None:
-                    payload["buffers"] = buffers
-                payload.update({f"broadcast/{k}": v for k, v in flatten_state(algorithm.broadcast(server_state)).items()})
-                for client_id in clients:
-                    payload.update({f"client/{client_id}/{k}": v for k, v in flatten_state(self.store.get(client_id)).items()})
-            payload = comm.broadcast_tensors(payload)
-            global_params, broadcast, states = _split_payload(payload)
-            global_buffers = payload.get("buffers")
+            # main -> all: w^t (and buffers), what the pieces broadcast, the sampled clients' states
+            payload = comm.broadcast_tensors(
+                self._round_payload(clients, params, buffers, server_state) if comm.is_main else None
+            )
+            global_params, global_buffers, broadcast, states = _split_payload(payload)
 
             share = assign_to_processes(clients, self.client_sizes, comm.world_size)[comm.rank]
             updates = []
@@ -276,27 +269,10 @@ class FederatedTrainer:
             gathered = comm.gather_tensors(_encode_updates(updates))
             if comm.is_main:
                 updates = sorted((u for part in gathered for u in _decode_updates(part)), key=lambda u: u.client_id)
-                weights = self._aggregation_weights(updates)
-                params, server_state = algorithm.server_step(
-                    round_index, params, updates, weights, server_state, args.num_clients
+                params, buffers, server_state, weights = self._server_round(
+                    round_index, updates, params, buffers, server_state
                 )
-                if buffers is not None:  # running statistics: weighted mean, like FedAvg
-                    buffers = sum(w * u.buffers for w, u in zip(weights.tolist(), updates))
-                for update in updates:
-                    if update.state:
-                        self.store.put(update.client_id, update.state)
-                self._call("on_aggregate", round_index, updates)
-                record = {
-                    "round": round_index + 1,
-                    "num_clients": len(updates),
-                    "clients": [u.client_id for u in updates],
-                    "learning_rate": learning_rate,
-                    "train_loss": float(sum(w * u.train_loss for w, u in zip(weights.tolist(), updates))),
-                    "local_steps": float(np.mean([u.num_steps for u in updates])),
-                }
-                is_last = round_index + 1 == args.num_rounds
-                if self.eval_dataset is not None and ((round_index + 1) % args.eval_every_n_rounds == 0 or is_last):
-                    record.update(self.evaluate(params, buffers=buffers))
+                record = self._round_record(round_index, learning_rate, updates, weights, params, buffers)
                 record["round_seconds"] = time.perf_counter() - round_start
                 record["wall_seconds"] = wall_offset + time.perf_counter() - run_start
                 self.history.append(record)
@@ -321,6 +297,44 @@ class FederatedTrainer:
             self._call("on_train_end", self.history)
         comm.barrier()
         return FederatedTrainOutput(params=params, history=self.history, final_model_dir=final_dir)
+
+    def _round_payload(self, clients, params, buffers, server_state) -> dict[str, torch.Tensor]:
+        payload = {"params": params}
+        if buffers is not None:
+            payload["buffers"] = buffers
+        payload.update({f"broadcast/{k}": v for k, v in flatten_state(self.algorithm.broadcast(server_state)).items()})
+        for client_id in clients:
+            payload.update({f"client/{client_id}/{k}": v for k, v in flatten_state(self.store.get(client_id)).items()})
+        return payload
+
+    def _server_round(self, round_index, updates, params, buffers, server_state):
+        """Main process: aggregate, update the server halves and the client-state store."""
+        weights = self._aggregation_weights(updates)
+        params, server_state = self.algorithm.server_step(
+            round_index, params, updates, weights, server_state, self.args.num_clients
+        )
+        if buffers is not None:  # running statistics: weighted mean, like FedAvg
+            buffers = sum(w * u.buffers for w, u in zip(weights.tolist(), updates))
+        for update in updates:
+            if update.state:
+                self.store.put(update.client_id, update.state)
+        self._call("on_aggregate", round_index, updates)
+        return params, buffers, server_state, weights
+
+    def _round_record(self, round_index, learning_rate, updates, weights, params, buffers) -> dict[str, Any]:
+        args = self.args
+        record = {
+            "round": round_index + 1,
+            "num_clients": len(updates),
+            "clients": [u.client_id for u in updates],
+            "learning_rate": learning_rate,
+            "train_loss": float(sum(w * u.train_loss for w, u in zip(weights.tolist(), updates))),
+            "local_steps": float(np.mean([u.num_steps for u in updates])),
+        }
+        is_last = round_index + 1 == args.num_rounds
+        if self.eval_dataset is not None and ((round_index + 1) % args.eval_every_n_rounds == 0 or is_last):
+            record.update(self.evaluate(params, buffers=buffers))
+        return record
 
     # ---------------------------------------------------------------------------------------------
     def save_model(self, directory: str) -> str:
@@ -388,6 +402,7 @@ class FederatedTrainer:
 
 
 def _split_payload(payload: dict[str, torch.Tensor]):
+    """``(params, buffers or None, broadcast per piece, {client id: state})``."""
     broadcast, states = {}, {}
     for key, tensor in payload.items():
         if key.startswith("broadcast/"):
@@ -395,7 +410,8 @@ def _split_payload(payload: dict[str, torch.Tensor]):
         elif key.startswith("client/"):
             _, client_id, rest = key.split("/", 2)
             states.setdefault(int(client_id), {})[rest] = tensor
-    return payload["params"], unflatten_state(broadcast), {cid: unflatten_state(s) for cid, s in states.items()}
+    states = {cid: unflatten_state(state) for cid, state in states.items()}
+    return payload["params"], payload.get("buffers"), unflatten_state(broadcast), states
 
 
 def _encode_updates(updates: list[ClientUpdate]) -> dict[str, torch.Tensor]:
