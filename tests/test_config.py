@@ -47,6 +47,8 @@ def make(**kwargs):
         ({"aggregator": "median"}, "aggregator"),
         ({"learning_rate": float("nan")}, "learning_rate"),
         ({"eval_every_n_rounds": 0}, "eval_every_n_rounds"),
+        ({"batchnorm_buffers": "freeze"}, "batchnorm_buffers"),
+        ({"push_to_hub": True}, "push_to_hub"),
     ],
 )
 def test_bad_configuration_names_the_field(overrides, field):
