@@ -71,6 +71,10 @@ class ClientTrainer(Trainer):
         accelerator.step = 0
         return objects[0] if len(objects) == 1 else objects
 
+    def floating_point_ops(self, inputs) -> int:
+        # The Trainer counts FLOPs on every step for `total_flos`; nothing federated reads it.
+        return 0
+
     def _bias_scale(self) -> float:
         """Weight of non-gradient terms per micro-batch: loss scale / accumulation steps."""
         scaler = getattr(self.accelerator, "scaler", None)
