@@ -70,6 +70,22 @@ class FederatedProcessGroup:
         dist.broadcast(buffer, src=0)
         return unpack_tensors(meta, buffer)
 
+    def scatter_tensors(self, per_rank: list[dict[str, torch.Tensor]] | None) -> dict[str, torch.Tensor]:
+        """``per_rank[r]`` (given on the main process) arrives on process ``r`` only."""
+        if not self.distributed:
+            return per_rank[0]
+        packed = [pack_tensors(t) for t in per_rank] if self.is_main else None
+        box = [None]
+        dist.scatter_object_list(box, [meta for meta, _ in packed] if self.is_main else None, src=0)
+        meta = box[0]
+        size = self.broadcast_object(max(m["nbytes"] for m, _ in packed) if self.is_main else None)
+        buffer = torch.empty(size, dtype=torch.uint8)
+        chunks = None
+        if self.is_main:
+            chunks = [torch.nn.functional.pad(b, (0, size - b.numel())) for _, b in packed]
+        dist.scatter(buffer, scatter_list=chunks, src=0)
+        return unpack_tensors(meta, buffer[: meta["nbytes"]])
+
     def gather_tensors(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]] | None:
         """Every process's ``tensors`` on the main process (in rank order); ``None`` elsewhere."""
         if not self.distributed:
@@ -87,26 +103,31 @@ class FederatedProcessGroup:
         return [unpack_tensors(m, b[: m["nbytes"]]) for m, b in zip(metas, buffers)]
 
 
+_ALIGN = 8  # every entry starts at a multiple of 8 bytes, so it unpacks as a view (no copy)
+
+
 def pack_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, torch.Tensor]:
-    """One uint8 buffer plus ``(name, dtype, shape)`` metadata; exact for every dtype."""
+    """One uint8 buffer plus ``(name, dtype, shape, offset, size)`` metadata; exact for every dtype."""
     entries, chunks, nbytes = [], [], 0
     for name, tensor in tensors.items():
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
-        entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), raw.numel()))
+        entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), nbytes, raw.numel()))
         chunks.append(raw)
-        nbytes += raw.numel()
+        padding = -raw.numel() % _ALIGN
+        if padding:
+            chunks.append(torch.zeros(padding, dtype=torch.uint8))
+        nbytes += raw.numel() + padding
     buffer = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
     return {"entries": entries, "nbytes": nbytes}, buffer
 
 
 def unpack_tensors(meta: dict, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-    out, offset = {}, 0
-    for name, dtype, shape, size in meta["entries"]:
-        raw = buffer[offset: offset + size]
-        offset += size
-        out[name] = raw.clone().view(getattr(torch, dtype)).reshape(shape)
-    return out
+    """Views into ``buffer`` (which must not be reused by the caller)."""
+    return {
+        name: buffer[offset: offset + size].view(getattr(torch, dtype)).reshape(shape)
+        for name, dtype, shape, offset, size in meta["entries"]
+    }
 
 
 def init_federated_process_group(use_cpu: bool = False) -> FederatedProcessGroup:

@@ -252,13 +252,14 @@ class FederatedTrainer:
             learning_rate = args.learning_rate * args.lr_decay_per_round**round_index
             self._call("on_round_begin", round_index, clients)
 
-            # main -> all: w^t (and buffers), what the pieces broadcast, the sampled clients' states
-            payload = comm.broadcast_tensors(
-                self._round_payload(clients, params, buffers, server_state) if comm.is_main else None
-            )
+            # main -> all: w^t (and buffers) and what the pieces broadcast; main -> each process: the
+            # states of the clients it trains this round
+            shares = assign_to_processes(clients, self.client_sizes, comm.world_size)
+            payload = comm.broadcast_tensors(self._round_payload(params, buffers, server_state) if comm.is_main else None)
+            payload.update(comm.scatter_tensors([self._client_states(share) for share in shares] if comm.is_main else None))
             global_params, global_buffers, broadcast, states = _split_payload(payload)
 
-            share = assign_to_processes(clients, self.client_sizes, comm.world_size)[comm.rank]
+            share = shares[comm.rank]
             updates = []
             for client_id in share:
                 update = self.train_client(client_id, round_index, learning_rate, global_params, broadcast,
@@ -298,14 +299,16 @@ class FederatedTrainer:
         comm.barrier()
         return FederatedTrainOutput(params=params, history=self.history, final_model_dir=final_dir)
 
-    def _round_payload(self, clients, params, buffers, server_state) -> dict[str, torch.Tensor]:
+    def _round_payload(self, params, buffers, server_state) -> dict[str, torch.Tensor]:
         payload = {"params": params}
         if buffers is not None:
             payload["buffers"] = buffers
         payload.update({f"broadcast/{k}": v for k, v in flatten_state(self.algorithm.broadcast(server_state)).items()})
-        for client_id in clients:
-            payload.update({f"client/{client_id}/{k}": v for k, v in flatten_state(self.store.get(client_id)).items()})
         return payload
+
+    def _client_states(self, client_ids: list[int]) -> dict[str, torch.Tensor]:
+        return {f"client/{client_id}/{k}": v for client_id in client_ids
+                for k, v in flatten_state(self.store.get(client_id)).items()}
 
     def _server_round(self, round_index, updates, params, buffers, server_state):
         """Main process: aggregate, update the server halves and the client-state store."""

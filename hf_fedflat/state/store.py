@@ -87,7 +87,8 @@ class InMemoryClientStateStore(ClientStateStore):
         old = self._states.get(client_id)
         if old is not None:
             self.nbytes -= sum(t.nbytes for t in old.values())
-        flat = flatten_state(state)
+        # Own copies: the tensors may be views into a larger exchange buffer that must not stay alive.
+        flat = {k: v.clone() for k, v in flatten_state(state).items()}
         self._states[client_id] = flat
         self.nbytes += sum(t.nbytes for t in flat.values())
 
