@@ -107,7 +107,9 @@ class ClientTrainer(Trainer):
                 space.load_(params)  # restore from the copy: exact, unlike subtracting offset
             return loss, space.grad()
 
-        loss, direction = algorithm.direction(grad_at, current_params, self.workspaces, self._bias_scale())
+        # get_scale() synchronises with the GPU: ask only when a correction will use it
+        bias_scale = self._bias_scale() if algorithm.corrections else 1.0
+        loss, direction = algorithm.direction(grad_at, current_params, self.workspaces, bias_scale)
         if earlier is not None:
             direction = direction + earlier
         space.set_grad_(direction)
