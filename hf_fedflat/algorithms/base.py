@@ -166,9 +166,14 @@ class Aggregator(ABC):
         """Returns ``(w^{t+1}, new aggregator state)``; ``weights`` are the ``p_i`` (sum to 1)."""
 
 
-def weighted_delta(updates: list[ClientUpdate], weights: Tensor) -> Tensor:
-    """``sum_i p_i * Delta_i`` accumulated in place, in the given (deterministic) order."""
-    total = torch.zeros_like(updates[0].delta)
-    for update, weight in zip(updates, weights.tolist()):
-        total.add_(update.delta, alpha=weight)
+def weighted_sum(vectors: list[Tensor], weights: Tensor) -> Tensor:
+    """``sum_i p_i * v_i`` accumulated in place, in the given (deterministic) order."""
+    total = torch.zeros_like(vectors[0])
+    for vector, weight in zip(vectors, weights.tolist()):
+        total.add_(vector, alpha=weight)
     return total
+
+
+def weighted_delta(updates: list[ClientUpdate], weights: Tensor) -> Tensor:
+    """``sum_i p_i * Delta_i``."""
+    return weighted_sum([u.delta for u in updates], weights)

@@ -149,7 +149,8 @@ def init_federated_process_group(use_cpu: bool = False) -> FederatedProcessGroup
         return _GROUP
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if not use_cpu and not torch.cuda.is_initialized() and _has_cuda_without_init():
+    # device_count() does not initialise CUDA (it asks NVML), so CUDA_VISIBLE_DEVICES still takes effect
+    if not use_cpu and not torch.cuda.is_initialized() and _cuda_device_count() > 0:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         devices = visible.split(",") if visible else [str(i) for i in range(_cuda_device_count())]
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank % len(devices)]
@@ -182,11 +183,6 @@ def quiet_process_group_warning():
 
 def get_process_group() -> FederatedProcessGroup:
     return _GROUP if _GROUP is not None else init_federated_process_group()
-
-
-def _has_cuda_without_init() -> bool:
-    # torch.cuda.device_count() does not initialise CUDA (it uses NVML when available).
-    return _cuda_device_count() > 0
 
 
 def _cuda_device_count() -> int:

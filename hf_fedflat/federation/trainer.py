@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from transformers import TrainingArguments, set_seed
 
 from ..algorithms import ClientContext, ClientUpdate, LocalResult, build_algorithm
+from ..algorithms.base import weighted_sum
 from ..config import FedTrainingArguments
 from ..io import atomic_save_safetensors, atomic_write_json
 from ..state import create_client_state_store
@@ -317,7 +318,7 @@ class FederatedTrainer:
             round_index, params, updates, weights, server_state, self.args.num_clients
         )
         if buffers is not None:  # running statistics: weighted mean, like FedAvg
-            buffers = sum(w * u.buffers for w, u in zip(weights.tolist(), updates))
+            buffers = weighted_sum([u.buffers for u in updates], weights)
         for update in updates:
             if update.state:
                 self.store.put(update.client_id, update.state)
