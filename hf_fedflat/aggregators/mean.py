@@ -1,7 +1,10 @@
 """FedAvg's server rule."""
 
+import torch
+
 from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor, weighted_delta
 from ..algorithms.registry import register_aggregator
+from .. import vectors
 
 
 @register_aggregator
@@ -20,4 +23,5 @@ class MeanAggregator(Aggregator):
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
     ) -> tuple[Tensor, StateDict]:
-        return params.add(weighted_delta(updates, weights), alpha=self.server_learning_rate), state
+        delta = weighted_delta(updates, weights)
+        return torch.add(params, delta, alpha=self.server_learning_rate, out=vectors.empty_like(params)), state

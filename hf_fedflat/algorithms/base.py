@@ -17,6 +17,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from .. import vectors
+
 Tensor = torch.Tensor
 StateDict = dict[str, Tensor]
 #: ``grad_at(offset)`` -> ``(loss, flat_grad)`` of the current minibatch at ``w + offset`` (``None``: at ``w``).
@@ -175,10 +177,10 @@ class Aggregator(ABC):
         """Returns ``(w^{t+1}, new aggregator state)``; ``weights`` are the ``p_i`` (sum to 1)."""
 
 
-def weighted_sum(vectors: list[Tensor], weights: Tensor) -> Tensor:
+def weighted_sum(terms: list[Tensor], weights: Tensor) -> Tensor:
     """``sum_i p_i * v_i`` accumulated in place, in the given (deterministic) order."""
-    total = torch.zeros_like(vectors[0])
-    for vector, weight in zip(vectors, weights.tolist()):
+    total = vectors.zeros_like(terms[0])
+    for vector, weight in zip(terms, weights.tolist()):
         total.add_(vector, alpha=weight)
     return total
 

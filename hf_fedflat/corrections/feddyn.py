@@ -9,6 +9,7 @@ import torch
 
 from ..algorithms.base import ClientContext, Correction, LocalResult, StateDict, Tensor
 from ..algorithms.registry import register_correction
+from .. import vectors
 
 
 @register_correction
@@ -33,11 +34,11 @@ class FedDynCorrection(Correction):
         if h is None:
             h = torch.zeros_like(ctx.global_params)
         # alpha*(w - w^t) + alpha*h = alpha*w + alpha*(h - w^t): one constant vector per round
-        return {"h": h, "shift": h - ctx.global_params}
+        return {"h": h, "shift": torch.sub(h, ctx.global_params, out=vectors.empty_like(h))}
 
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         scale = self.alpha * bias_scale
-        return direction.add(params, alpha=scale).add_(workspace["shift"], alpha=scale)
+        return torch.add(direction, params, alpha=scale, out=vectors.empty_like(direction)).add_(workspace["shift"], alpha=scale)
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
         return {"h": workspace["h"] + (result.params - ctx.global_params)}, {}

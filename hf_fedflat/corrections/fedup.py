@@ -10,6 +10,7 @@ import torch
 
 from ..algorithms.base import ClientContext, Correction, RoundSummary, StateDict, Tensor
 from ..algorithms.registry import register_correction
+from .. import vectors
 
 
 @register_correction
@@ -30,16 +31,17 @@ class FedUpCorrection(Correction):
         return cls(alpha=args.fedup_alpha)
 
     def begin(self, ctx: ClientContext) -> Tensor:
-        previous_minus_current = -ctx.broadcast[self.name]["last_update"]
+        last_update = ctx.broadcast[self.name]["last_update"]
+        previous_minus_current = torch.neg(last_update, out=vectors.empty_like(last_update))
         # (alpha/eta)(w^{t-1} - w^t) + alpha(w - w^t) = alpha*w + alpha*[(w^{t-1} - w^t)/eta - w^t]
         return previous_minus_current.div_(ctx.learning_rate).sub_(ctx.global_params)
 
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         scale = self.alpha * bias_scale
-        return direction.add(params, alpha=scale).add_(workspace, alpha=scale)
+        return torch.add(direction, params, alpha=scale, out=vectors.empty_like(direction)).add_(workspace, alpha=scale)
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"last_update": torch.zeros_like(params)}
 
     def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
-        return {"last_update": summary.new_params - summary.old_params}
+        return {"last_update": torch.sub(summary.new_params, summary.old_params, out=vectors.empty_like(summary.new_params))}

@@ -10,6 +10,7 @@ import torch
 
 from ..algorithms.base import ClientContext, Correction, RoundSummary, StateDict, Tensor, weighted_delta
 from ..algorithms.registry import register_correction
+from .. import vectors
 
 
 @register_correction
@@ -38,7 +39,7 @@ class MomentumCorrection(Correction):
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         if workspace is None:
             return direction
-        return direction.mul(self.alpha).add_(workspace, alpha=(1 - self.alpha) * bias_scale)
+        return torch.mul(direction, self.alpha, out=vectors.empty_like(direction)).add_(workspace, alpha=(1 - self.alpha) * bias_scale)
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"m": torch.zeros_like(params), "ready": torch.zeros(1)}

@@ -5,8 +5,11 @@ Reference: Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 
 
 from __future__ import annotations
 
+import torch
+
 from ..algorithms.base import ClientContext, Correction, Tensor
 from ..algorithms.registry import register_correction
+from .. import vectors
 
 
 @register_correction
@@ -26,4 +29,5 @@ class ProxCorrection(Correction):
         return ctx.global_params
 
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
-        return direction.add(params - workspace, alpha=self.mu * bias_scale)
+        difference = torch.sub(params, workspace, out=vectors.empty_like(params))
+        return torch.add(direction, difference, alpha=self.mu * bias_scale, out=vectors.empty_like(direction))

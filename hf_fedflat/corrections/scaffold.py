@@ -10,6 +10,7 @@ import torch
 
 from ..algorithms.base import ClientContext, Correction, LocalResult, RoundSummary, StateDict, Tensor
 from ..algorithms.registry import register_correction
+from .. import vectors
 
 
 @register_correction
@@ -33,27 +34,28 @@ class ScaffoldCorrection(Correction):
 
     def begin(self, ctx: ClientContext) -> dict[str, Tensor]:
         c = ctx.broadcast[self.name]["c"]
-        c_i = ctx.state.get(self.name, {}).get("c_i")
-        if c_i is None:
-            c_i = torch.zeros_like(c)
-        return {"c": c, "c_i": c_i, "shift": c - c_i}
+        c_i = ctx.state.get(self.name, {}).get("c_i")  # None: zeros (first participation)
+        shift = c if c_i is None else torch.sub(c, c_i, out=vectors.empty_like(c))
+        return {"c": c, "c_i": c_i, "shift": shift}
 
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
-        return direction.add(workspace["shift"], alpha=self.scale * bias_scale)
+        return torch.add(direction, workspace["shift"], alpha=self.scale * bias_scale, out=vectors.empty_like(direction))
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
         c, c_i = workspace["c"], workspace["c_i"]
         if result.num_steps == 0:
-            return {"c_i": c_i}, {"dc": torch.zeros_like(c_i)}
+            return {"c_i": torch.zeros_like(c) if c_i is None else c_i}, {"dc": vectors.zeros_like(c)}
         # dc_i = c_i+ - c_i = (w^t - w_i) / (K * eta) - c
-        dc = (ctx.global_params - result.params).div_(result.num_steps * ctx.learning_rate).sub_(c)
-        return {"c_i": c_i + dc}, {"dc": dc}
+        dc = torch.sub(ctx.global_params, result.params, out=vectors.empty_like(c))
+        dc.div_(result.num_steps * ctx.learning_rate).sub_(c)
+        # (the new c_i is kept in the store for many rounds: an ordinary allocation, not a recycled one)
+        return {"c_i": dc.clone() if c_i is None else c_i + dc}, {"dc": dc}
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"c": torch.zeros_like(params)}
 
     def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
-        c = server_state["c"].clone()
+        c = vectors.empty_like(server_state["c"]).copy_(server_state["c"])
         for update in summary.updates:
             c.add_(update.messages[self.name]["dc"], alpha=1.0 / summary.num_clients)
         return {"c": c}

@@ -23,6 +23,7 @@ from ..diagnostics.run import DIAGNOSTICS_MESSAGE
 from ..io import atomic_save_safetensors, atomic_write_json
 from ..state import create_client_state_store
 from ..state.store import flatten_state, unflatten_state
+from .. import vectors
 from ..training import BufferSpace, ClientTrainer
 from ..training.parameters import all_finite
 from .callbacks import FederatedCallback, RoundReporter
@@ -242,7 +243,7 @@ class FederatedTrainer:
             num_samples=ctx.num_samples,
             num_steps=result.num_steps,
             train_loss=float(output.training_loss),
-            delta=(local_params - ctx.global_params).cpu(),
+            delta=torch.sub(local_params, ctx.global_params, out=vectors.empty_like(local_params)).cpu(),
             messages=cpu(messages),
             state=cpu(new_state),
             buffers=self.buffer_space.flatten().cpu() if self.buffer_space is not None else None,
@@ -307,6 +308,11 @@ class FederatedTrainer:
         ``_client_start``, ``_apply_round``, ``_checkpoint_state`` and ``_final_weights`` (the
         decentralized trainer overrides them: gossip instead of a server step).
         """
+        # model-sized vectors (weights, updates, directions) reuse their memory from client to client
+        with vectors.recycle_vectors(self.space.numel, self.space.dtype, self.space.device):
+            return self._train(resume_from_checkpoint)
+
+    def _train(self, resume_from_checkpoint) -> FederatedTrainOutput:
         args, comm = self.args, self.comm
         resume = resume_from_checkpoint if resume_from_checkpoint is not None else args.resume_from_checkpoint
         start_round, wall_offset = self._start(resume) if comm.is_main else (0, 0.0)

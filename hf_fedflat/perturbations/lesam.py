@@ -10,6 +10,7 @@ import torch
 
 from ..algorithms.base import EPS, ClientContext, GradFn, LocalResult, Perturbation, RoundSummary, StateDict, Tensor, global_norm
 from ..algorithms.registry import register_perturbation
+from .. import vectors
 
 PER_CLIENT, LAST_GLOBAL_UPDATE = "per_client", "last_global_update"
 
@@ -42,9 +43,10 @@ class LESAMPerturbation(Perturbation):
     def begin(self, ctx: ClientContext) -> dict[str, Tensor | None]:
         if self.mode == PER_CLIENT:
             w_old = ctx.state.get(self.name, {}).get("w_old")
-            estimate = None if w_old is None else w_old - ctx.global_params
+            estimate = None if w_old is None else torch.sub(w_old, ctx.global_params, out=vectors.empty_like(w_old))
         else:
-            estimate = -ctx.broadcast[self.name]["last_update"]  # w^{t-1} - w^t
+            last_update = ctx.broadcast[self.name]["last_update"]
+            estimate = torch.neg(last_update, out=vectors.empty_like(last_update))  # w^{t-1} - w^t
         offset = None
         if estimate is not None:
             norm = global_norm(estimate)
@@ -65,7 +67,7 @@ class LESAMPerturbation(Perturbation):
         return {"last_update": torch.zeros_like(params)} if self.mode == LAST_GLOBAL_UPDATE else {}
 
     def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
-        return {"last_update": summary.new_params - summary.old_params}
+        return {"last_update": torch.sub(summary.new_params, summary.old_params, out=vectors.empty_like(summary.new_params))}
 
     def offset_estimate(self, workspace, local_gradient: Tensor | None) -> Tensor | None:
         return workspace["offset"]

@@ -15,6 +15,7 @@ import torch
 from transformers import Trainer, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from .. import vectors
 from ..algorithms.composed import FederatedAlgorithm
 from .parameters import ParameterSpace
 
@@ -261,7 +262,7 @@ class ClientTrainer(Trainer):
         bias_scale = self._bias_scale() if algorithm.corrections else 1.0
         loss, direction = algorithm.direction(grad_at, current_params, self.workspaces, bias_scale)
         if earlier is not None:
-            direction = direction + earlier
+            direction = torch.add(direction, earlier, out=vectors.empty_like(direction))
         space.set_grad_(direction)
         return loss
 

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from .. import vectors
+
 
 def all_finite(tensors: torch.Tensor | Iterable[torch.Tensor]) -> bool:
     """True when no element of any floating-point tensor is NaN or +-Inf (other dtypes always are finite).
@@ -55,7 +57,7 @@ class ParameterSpace:
         ``out``: a preallocated vector of ``numel`` elements to write into (no allocation per call).
         """
         flats = [p.detach().reshape(-1) for p in self.params]
-        return torch.cat(flats) if out is None else torch.cat(flats, out=out)
+        return torch.cat(flats, out=out if out is not None else self._new_vector())
 
     @torch.no_grad()
     def load_(self, flat: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
@@ -70,7 +72,10 @@ class ParameterSpace:
         """The current gradients as one flat vector (zeros where a parameter got none); ``out`` as in
         :meth:`flatten`."""
         flats = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
-        return torch.cat(flats) if out is None else torch.cat(flats, out=out)
+        return torch.cat(flats, out=out if out is not None else self._new_vector())
+
+    def _new_vector(self) -> torch.Tensor:
+        return vectors.empty(self.numel, self.dtype, self.device)
 
     def has_grad(self) -> bool:
         return any(p.grad is not None for p in self.params)

@@ -1,0 +1,110 @@
+"""Model-sized flat vectors whose memory is reused between clients and rounds instead of freed.
+
+Every client round makes a few vectors of the model's size (its weights, the update, corrected
+directions) and the server a few more (the aggregate, new server state). Freed back to glibc, their
+memory is split by the small long-lived objects every new client brings (datasets, dataloaders) and
+the next vector of that size lands on fresh pages: measured ~400 page faults (~1.3 ms) per client for
+FedAvg and ~2,000 for SCAFFOLD on the 0.58M-parameter benchmark CNN, against none for a plain PyTorch
+loop. A :class:`VectorRecycler` keeps the storages it hands out and gives one back out as soon as
+nothing else refers to it (its storage use count is 1: only the recycler). A vector anyone still holds,
+directly or through a view, is never handed out again, so recycling is invisible to the code using it.
+
+Activated for the duration of a federated run (``with recycle_vectors(...)``); outside it :func:`empty_like`
+and :func:`zeros_like` are ``torch.empty_like`` / ``torch.zeros_like``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import torch
+
+#: memory the recycler may keep in storages (beyond it, vectors are ordinary allocations)
+RECYCLER_MAX_BYTES = 256 * 2**20
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class VectorRecycler:
+    """Reusable storages for flat vectors of ``numel`` elements of ``dtype`` on ``device``.
+
+    Keeps at most ``max_bytes // vector bytes`` storages (none for a model too large for the budget:
+    then page faults are a negligible share of its compute). When all are in use, the one after the
+    last hand-out is forgotten (left to its holders) and a new one takes its place, so vectors kept
+    for long (a client's state in the store) do not block recycling.
+    """
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device | str, max_bytes: int = RECYCLER_MAX_BYTES):
+        self.numel, self.dtype, self.device = numel, dtype, torch.device(device)
+        vector_bytes = max(1, numel * torch.empty(0, dtype=dtype).element_size())
+        self.capacity = max_bytes // vector_bytes if _use_count is not None else 0
+        self._storages: list[torch.UntypedStorage] = []
+        self._next = 0
+        self._lock = threading.Lock()
+        self.reused = 0  # vectors handed out from a recycled storage (tests, benchmarks)
+
+    def matches(self, like: torch.Tensor) -> bool:
+        return like.numel() == self.numel and like.dtype == self.dtype and like.device == self.device
+
+    def empty(self) -> torch.Tensor:
+        """A flat vector with undefined contents."""
+        if not self.capacity:
+            return torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        with self._lock:
+            storages, count = self._storages, len(self._storages)
+            for step in range(count):
+                index = (self._next + step) % count
+                storage = storages[index]
+                if _use_count(storage._cdata) == 1:  # only this list refers to it
+                    self._next = (index + 1) % count
+                    self.reused += 1
+                    return torch.empty(0, dtype=self.dtype, device=self.device).set_(storage, 0, (self.numel,))
+            vector = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+            if count < self.capacity:
+                storages.append(vector.untyped_storage())
+            else:  # all in use: stop tracking the next one in line
+                storages[self._next] = vector.untyped_storage()
+                self._next = (self._next + 1) % count
+            return vector
+
+
+_active: VectorRecycler | None = None
+
+
+@contextlib.contextmanager
+def recycle_vectors(numel: int, dtype: torch.dtype, device: torch.device | str,
+                    max_bytes: int | None = None) -> Iterator[VectorRecycler]:
+    """Recycle vectors of this size inside the block (the previous recycler is restored after it).
+
+    ``max_bytes``: memory kept in recycled storages (default ``RECYCLER_MAX_BYTES``; 0 turns recycling off).
+    """
+    global _active
+    budget = RECYCLER_MAX_BYTES if max_bytes is None else max_bytes
+    previous, _active = _active, VectorRecycler(numel, dtype, device, budget)
+    try:
+        yield _active
+    finally:
+        _active = previous
+
+
+def empty(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A flat vector with undefined contents (recycled when a recycler of this size is active)."""
+    recycler = _active
+    if recycler is not None and recycler.numel == numel and recycler.dtype == dtype and recycler.device == torch.device(device):
+        return recycler.empty()
+    return torch.empty(numel, dtype=dtype, device=device)
+
+
+def empty_like(like: torch.Tensor) -> torch.Tensor:
+    """``torch.empty_like`` for flat vectors, recycled when a recycler of this size is active."""
+    recycler = _active
+    if recycler is not None and like.dim() == 1 and recycler.matches(like):
+        return recycler.empty()
+    return torch.empty_like(like)
+
+
+def zeros_like(like: torch.Tensor) -> torch.Tensor:
+    """``torch.zeros_like`` for flat vectors, recycled when a recycler of this size is active."""
+    return empty_like(like).zero_()
