@@ -15,14 +15,15 @@ and :func:`zeros_like` are ``torch.empty_like`` / ``torch.zeros_like``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Iterator
 
 import torch
 
-#: memory the recycler may keep in storages (beyond it, vectors are ordinary allocations)
-RECYCLER_MAX_BYTES = 256 * 2**20
+#: storages the recycler may track, in bytes (beyond it, vectors are ordinary allocations)
+RECYCLER_MAX_BYTES = 2**30
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -30,18 +31,24 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 class VectorRecycler:
     """Reusable storages for flat vectors of ``numel`` elements of ``dtype`` on ``device``.
 
-    Keeps at most ``max_bytes // vector bytes`` storages (none for a model too large for the budget:
-    then page faults are a negligible share of its compute). When all are in use, the one after the
-    last hand-out is forgotten (left to its holders) and a new one takes its place, so vectors kept
-    for long (a client's state in the store) do not block recycling.
+    Storages live in a ring scanned from where the last hand-out stopped, so vectors that die in the
+    order they were made (most of them) are found at once. One found in use ``PARK_AFTER`` scans in a
+    row (a client's state kept in the store for rounds) is parked, looked at only when the ring has
+    nothing free. At most ``max_bytes // vector bytes`` storages are tracked (none for a model too
+    large for the budget: page faults are then a negligible share of its compute); past that, the
+    longest-parked one is forgotten (left to its holders). The recycler never holds more memory than
+    the most vectors alive at once: it keeps the storages of vectors that died, not new ones.
     """
+
+    #: scans an in-use storage survives in the ring before it is parked
+    PARK_AFTER = 16
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device | str, max_bytes: int = RECYCLER_MAX_BYTES):
         self.numel, self.dtype, self.device = numel, dtype, torch.device(device)
         vector_bytes = max(1, numel * torch.empty(0, dtype=dtype).element_size())
         self.capacity = max_bytes // vector_bytes if _use_count is not None else 0
-        self._storages: list[torch.UntypedStorage] = []
-        self._next = 0
+        self._ring: collections.deque[list] = collections.deque()  # [storage, scans found in use]
+        self._parked: list[torch.UntypedStorage] = []
         self._lock = threading.Lock()
         self.reused = 0  # vectors handed out from a recycled storage (tests, benchmarks)
 
@@ -53,21 +60,36 @@ class VectorRecycler:
         if not self.capacity:
             return torch.empty(self.numel, dtype=self.dtype, device=self.device)
         with self._lock:
-            storages, count = self._storages, len(self._storages)
-            for step in range(count):
-                index = (self._next + step) % count
-                storage = storages[index]
-                if _use_count(storage._cdata) == 1:  # only this list refers to it
-                    self._next = (index + 1) % count
-                    self.reused += 1
-                    return torch.empty(0, dtype=self.dtype, device=self.device).set_(storage, 0, (self.numel,))
+            storage = self._find_free()
+            if storage is not None:
+                self.reused += 1
+                return torch.empty(0, dtype=self.dtype, device=self.device).set_(storage, 0, (self.numel,))
             vector = torch.empty(self.numel, dtype=self.dtype, device=self.device)
-            if count < self.capacity:
-                storages.append(vector.untyped_storage())
-            else:  # all in use: stop tracking the next one in line
-                storages[self._next] = vector.untyped_storage()
-                self._next = (self._next + 1) % count
+            if len(self._ring) + len(self._parked) >= self.capacity:
+                if self._parked:
+                    self._parked.pop(0)
+                else:
+                    self._ring.popleft()
+            self._ring.append([vector.untyped_storage(), 0])
             return vector
+
+    def _find_free(self) -> torch.UntypedStorage | None:
+        ring = self._ring
+        for _ in range(len(ring)):
+            entry = ring[0]
+            ring.rotate(-1)  # the entry is now last: the next scan starts after it
+            if _use_count(entry[0]._cdata) == 1:  # only this recycler refers to it
+                entry[1] = 0
+                return entry[0]
+            entry[1] += 1
+            if entry[1] >= self.PARK_AFTER:
+                self._parked.append(ring.pop()[0])
+        for index, storage in enumerate(self._parked):
+            if _use_count(storage._cdata) == 1:
+                del self._parked[index]
+                ring.append([storage, 0])
+                return storage
+        return None
 
 
 _active: VectorRecycler | None = None

@@ -41,4 +41,6 @@ class FedDynCorrection(Correction):
         return torch.add(direction, params, alpha=scale, out=vectors.empty_like(direction)).add_(workspace["shift"], alpha=scale)
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
-        return {"h": workspace["h"] + (result.params - ctx.global_params)}, {}
+        h = workspace["h"]
+        step = torch.sub(result.params, ctx.global_params, out=vectors.empty_like(h))
+        return {"h": torch.add(h, step, out=vectors.empty_like(h))}, {}

@@ -48,8 +48,8 @@ class ScaffoldCorrection(Correction):
         # dc_i = c_i+ - c_i = (w^t - w_i) / (K * eta) - c
         dc = torch.sub(ctx.global_params, result.params, out=vectors.empty_like(c))
         dc.div_(result.num_steps * ctx.learning_rate).sub_(c)
-        # (the new c_i is kept in the store for many rounds: an ordinary allocation, not a recycled one)
-        return {"c_i": dc.clone() if c_i is None else c_i + dc}, {"dc": dc}
+        c_i_new = vectors.empty_like(dc).copy_(dc) if c_i is None else torch.add(c_i, dc, out=vectors.empty_like(dc))
+        return {"c_i": c_i_new}, {"dc": dc}
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"c": torch.zeros_like(params)}

@@ -20,7 +20,7 @@ from ..algorithms.base import weighted_sum
 from ..config import FedTrainingArguments
 from ..diagnostics import RunDiagnostics, tensor_bytes
 from ..diagnostics.run import DIAGNOSTICS_MESSAGE
-from ..io import atomic_save_safetensors, atomic_write_json
+from ..io import atomic_save_safetensors, atomic_write_json, atomic_write_records
 from ..state import create_client_state_store
 from ..state.store import flatten_state, unflatten_state
 from .. import vectors
@@ -40,6 +40,9 @@ _LOCAL_OVERRIDES = dict(
     # A fixed data_seed would give every client the same shuffle in every round; the order comes from
     # the seed derived per (seed, round, client) instead (accelerate's sampler reads torch's seed).
     data_seed=None,
+    # a client whose loss is NaN reports it (its update is then rejected as not finite) instead of the
+    # Trainer's running average in its place
+    logging_nan_inf_filter=False,
 )
 #: settings that must match for a checkpoint to be resumed
 FINGERPRINT_FIELDS = (
@@ -355,7 +358,8 @@ class FederatedTrainer:
                 record["wall_seconds"] = wall_offset + time.perf_counter() - run_start
                 record.update(self.diagnostics.target_metrics(record))
                 self.history.append(record)
-                atomic_write_json(self.history, os.path.join(args.output_dir, "history.json"))
+                # rewritten every round: atomic, not fsynced (every checkpoint holds the history durably)
+                atomic_write_records(self.history, os.path.join(args.output_dir, "history.json"), durable=False)
                 reporter.log(round_index + 1, {k: v for k, v in record.items() if k not in ("round", "clients")})
                 progress.set_postfix({k: f"{record[k]:.4f}" for k in ("eval_accuracy", "train_loss") if k in record})
                 if args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0:

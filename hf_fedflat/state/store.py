@@ -77,6 +77,10 @@ class ClientStateStore(ABC):
     def clear(self) -> None: ...
 
 
+def _owns_storage(tensor: torch.Tensor) -> bool:
+    return tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == tensor.nbytes
+
+
 class InMemoryClientStateStore(ClientStateStore):
     def __init__(self):
         self._states: dict[int, dict[str, torch.Tensor]] = {}
@@ -89,8 +93,9 @@ class InMemoryClientStateStore(ClientStateStore):
 
     def put(self, client_id: int, state: ClientState) -> None:
         self.remove(client_id)
-        # Own copies: the tensors may be views into a larger exchange buffer that must not stay alive.
-        flat = {k: v.clone() for k, v in flatten_state(state).items()}
+        # A view into a larger buffer (a multi-process exchange) is copied, so the buffer is not kept alive;
+        # a tensor with a storage of its own is kept as it is (pieces never modify states in place).
+        flat = {k: v if _owns_storage(v) else v.clone() for k, v in flatten_state(state).items()}
         self._states[client_id] = flat
         self.nbytes += sum(t.nbytes for t in flat.values())
 

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import Trainer, set_seed
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback, ProgressCallback, TrainerState
+from transformers.trainer_utils import TrainOutput
 
 from .. import vectors
 from ..algorithms.composed import FederatedAlgorithm
@@ -68,6 +69,8 @@ class ClientTrainer(Trainer):
         self.workspaces: dict[str, Any] = {}
         #: forward+backward passes run so far (diagnostics and tests)
         self.gradient_passes = 0
+        #: local rounds run by :meth:`_client_loop` (the others went through the Trainer's own loop)
+        self.client_loops = 0
         self._train_loaders: OrderedDict[int, tuple[Any, Any, tuple]] = OrderedDict()
         self._uniform_lr = False  # every param group of the optimizer follows args.learning_rate
         self._scratch_vectors: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
@@ -174,6 +177,97 @@ class ClientTrainer(Trainer):
             setattr(self.callback_handler, attr, getattr(self, attr))
         self.callback_handler.train_dataloader = train_dataloader
         return self.model, train_dataloader
+
+    # -- the client's loop ---------------------------------------------------------------------------
+    def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None,
+                             ignore_keys_for_eval=None):
+        if not self._client_loop_applies(args, resume_from_checkpoint, trial):
+            return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, trial, ignore_keys_for_eval)
+        return self._client_loop(args)
+
+    def _client_loop_applies(self, args, resume_from_checkpoint, trial) -> bool:
+        """Whether :meth:`_client_loop` does everything the Trainer's loop would for this configuration.
+
+        The federated loop turns off the local Trainer's logging, evaluation, saving and pushing; what its
+        loop then still does per client beyond the steps (callback events, logging bookkeeping, speed and
+        memory metrics, a checkpoint folder scan) costs ~1 ms, as much as a small model's local round
+        spends in half its optimizer steps. Anything else (DeepSpeed, FSDP, callbacks, resume, LOMO, ...)
+        takes the Trainer's own loop.
+        """
+        return (
+            self.reuse_between_clients
+            and resume_from_checkpoint is None
+            and trial is None
+            and all(type(cb) is DefaultFlowCallback for cb in self.callback_handler.callbacks)
+            and args.save_strategy == "no" and args.eval_strategy == "no" and args.logging_strategy == "no"
+            and not (args.logging_nan_inf_filter or args.auto_find_batch_size or args.torch_empty_cache_steps)
+            and not (args.eval_on_start or args.logging_first_step or args.include_num_input_tokens_seen not in (False, "no"))
+            and args.n_gpu <= 1
+            and not (self.is_deepspeed_enabled or self.is_fsdp_enabled or self.is_fsdp_xla_enabled)
+            and not self.is_distributed_loading_by_transformers
+            and getattr(self.accelerator, "parallelism_config", None) is None
+            and self.neftune_noise_alpha is None
+            and "lomo" not in str(args.optim)
+        )
+
+    def _client_loop(self, args) -> TrainOutput:
+        """The Trainer's loop without what the federated loop has turned off: the same batches (in micro-batches
+        of ``gradient_accumulation_steps``, the loss normalised as the Trainer does), the same clipping,
+        optimizer and scheduler steps, stopping at ``max_steps``; bit-identical results (tested)."""
+        self.client_loops += 1
+        self.accelerator.free_memory()
+        train_dataloader = self.get_train_dataloader()
+        num_train_epochs, num_update_steps_per_epoch, _, _, _, steps_in_epoch, max_steps = (
+            self.set_initial_training_values(args, train_dataloader)
+        )
+        self.state = TrainerState()
+        self.state.train_batch_size = self._train_batch_size
+        self.state.compute_steps(args, max_steps)
+        model, train_dataloader = self._prepare_for_training(max_steps, train_dataloader, None)
+        accumulation = args.gradient_accumulation_steps
+        total_loss = torch.zeros((), device=args.device)
+        model.zero_grad()
+        state = self.state
+        for epoch in range(num_train_epochs):
+            if hasattr(train_dataloader, "set_epoch"):
+                train_dataloader.set_epoch(epoch)
+            inner_sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "batch_sampler", None)
+            if hasattr(inner_sampler, "set_epoch"):
+                inner_sampler.set_epoch(epoch)
+            epoch_iterator = iter(train_dataloader)
+            remainder = steps_in_epoch % accumulation or accumulation
+            step = -1
+            for update_step in range(num_update_steps_per_epoch):
+                num_batches = accumulation if update_step != num_update_steps_per_epoch - 1 else remainder
+                batch_samples, num_items_in_batch = self.get_batch_samples(epoch_iterator, num_batches, args.device)
+                self.current_gradient_accumulation_steps = len(batch_samples)
+                for index, inputs in enumerate(batch_samples):
+                    step += 1
+                    sync = (step + 1) % accumulation == 0 or step + 1 == steps_in_epoch
+                    self.accelerator.gradient_state._set_sync_gradients(sync)
+                    if index == len(batch_samples) - 1:
+                        total_loss += self.training_step(model, inputs, num_items_in_batch)
+                    else:
+                        with self.accelerator.no_sync(model=model):
+                            total_loss += self.training_step(model, inputs, num_items_in_batch)
+                    if sync:
+                        if args.max_grad_norm > 0:
+                            self._clip_grad_norm(model)
+                        self.optimizer.step()
+                        if not self.accelerator.optimizer_step_was_skipped:
+                            self.lr_scheduler.step()
+                        model.zero_grad()
+                        state.global_step += 1
+                        state.epoch = epoch + (step + 1) / steps_in_epoch
+                        if state.global_step >= max_steps:
+                            break
+                if state.global_step >= max_steps:
+                    break
+            if step < 0 or state.global_step >= max_steps:
+                break
+        self.is_in_train = False
+        train_loss = total_loss.item() / max(state.global_step, 0.001)
+        return TrainOutput(state.global_step, train_loss, {"train_loss": train_loss})
 
     def get_train_dataloader(self):
         """The client's prepared dataloader from an earlier visit, rewound to the current seed, or a new one."""
