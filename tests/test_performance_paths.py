@@ -53,8 +53,11 @@ def run(output_dir, *, reuse: bool, **overrides):
     ("fedlesam", dict(local_steps=3, rho=0.2)),
     # the client loop's stopping rules: a fractional epoch count, accumulation with a short last step
     ("scaffold", dict(local_epochs=1.5, gradient_accumulation_steps=3, max_grad_norm=0.5)),
-    # max_steps past one epoch, no clipping, a linear schedule
+    # max_steps past one epoch, no clipping, a linear schedule; the corrections applied to p.grad in place
     ("fedprox", dict(local_steps=7, max_grad_norm=0.0, lr_scheduler_type="linear")),
+    ("fedup", dict(local_steps=3, fedup_alpha=0.5)),
+    ("fedlesam_d", dict(local_steps=3, rho=0.2, feddyn_alpha=0.3)),
+    ("fedlesam_s", dict(local_steps=3, rho=0.2)),
 ])
 def test_reused_trainer_equals_rebuilding_everything_per_client(tmp_path, algorithm, overrides):
     fast_trainer, fast, fast_trace = run(tmp_path / "fast", reuse=True, fed_algorithm=algorithm, **overrides)
@@ -64,8 +67,11 @@ def test_reused_trainer_equals_rebuilding_everything_per_client(tmp_path, algori
     # the fast path was really taken: one optimizer for all 12 client rounds, cached loaders revisited
     assert len({id(o) for o in fast_trace.optimizers}) == 1
     assert len({id(o) for o in reference_trace.optimizers}) == 12
-    # ... and so was the client loop (the reference went through the Trainer's own loop)
+    # ... and so was the client loop (the reference went through the Trainer's own loop), and for corrections
+    # after a single pass, the in-place correction of p.grad (the reference used flat vectors)
     assert fast_trainer.client_trainer.client_loops == 12
+    in_place = fast_trainer.client_trainer.in_place_steps
+    assert (in_place > 0) == (algorithm in ("scaffold", "fedprox", "fedup", "fedlesam", "fedlesam_d", "fedlesam_s"))
     assert [r["local_steps"] for r in fast.history] == [r["local_steps"] for r in reference.history]
     assert 0 < len(fast_trainer.client_trainer._train_loaders) <= 6
     assert (fast.params - run(tmp_path / "other", reuse=True, fed_algorithm=algorithm, seed=8, **overrides)[1].params

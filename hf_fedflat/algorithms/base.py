@@ -133,6 +133,14 @@ class Perturbation(ClientPiece, ABC):
     def direction(self, grad_at: GradFn, workspace: Any) -> tuple[Tensor, Tensor]:
         """Returns ``(loss, d)``: the loss to report and the direction of the step as a flat vector."""
 
+    #: True when the direction is one gradient at ``w + fixed_offset(workspace)`` (an offset fixed for the
+    #: client's round, or none): the training step can then leave the gradient in ``p.grad`` (no flat copy)
+    single_fixed_pass: ClassVar[bool] = False
+
+    def fixed_offset(self, workspace: Any) -> Tensor | None:
+        """For ``single_fixed_pass`` perturbations: the flat offset of this client's round (None: at ``w``)."""
+        raise NotImplementedError
+
     def offset_estimate(self, workspace: Any, local_gradient: Tensor) -> Tensor | None:
         """The perturbation ``e_i`` this client would apply at ``w^t`` given its full local gradient there
         (for the perturbation-drift diagnostic); None for perturbations without one."""
@@ -147,6 +155,16 @@ class Correction(ClientPiece, ABC):
 
     #: whether ``apply`` reads the current weights (``params``); if not, it receives ``None``
     uses_params: ClassVar[bool] = True
+    #: whether :meth:`apply_to_grads_` is implemented
+    applies_in_place: ClassVar[bool] = False
+
+    def apply_to_grads_(self, grads: list[Tensor], params: list[Tensor] | None, workspace: Any,
+                        split: Callable[[Tensor], list[Tensor]], bias_scale: float = 1.0) -> None:
+        """:meth:`apply` on the per-parameter gradients in place: the same elementwise operations in the same
+        order, so the result is bit-identical to the flat one (tested), without flattening ``g`` and ``w``
+        every step. ``params`` are the parameters themselves; ``split(flat)`` gives a flat vector's
+        per-parameter views."""
+        raise NotImplementedError
 
     @abstractmethod
     def apply(self, direction: Tensor, params: Tensor | None, workspace: Any, bias_scale: float = 1.0) -> Tensor:

@@ -51,6 +51,19 @@ class FederatedAlgorithm:
         return self.perturbation.is_identity and not self.corrections
 
     @property
+    def corrects_grads_in_place(self) -> bool:
+        """True when a step is one gradient at a fixed offset followed by corrections that all have an
+        in-place form: the trainer then corrects ``p.grad`` directly (:meth:`correct_grads_`)."""
+        return self.perturbation.single_fixed_pass and all(c.applies_in_place for c in self.corrections)
+
+    def correct_grads_(self, grads: list[Tensor], params: list[Tensor], workspaces: dict[str, Any],
+                       split: Callable[[Tensor], list[Tensor]], bias_scale: float = 1.0) -> None:
+        """Every correction in order on the per-parameter gradients (see ``Correction.apply_to_grads_``)."""
+        for correction in self.corrections:
+            correction.apply_to_grads_(grads, params if correction.uses_params else None,
+                                       workspaces[correction.name], split, bias_scale)
+
+    @property
     def passes_per_step(self) -> int:
         return self.perturbation.passes_per_step
 

@@ -21,6 +21,7 @@ class FedDynCorrection(Correction):
     """
 
     name = "feddyn"
+    applies_in_place = True
 
     def __init__(self, alpha: float = 0.1):
         self.alpha = alpha
@@ -39,6 +40,11 @@ class FedDynCorrection(Correction):
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         scale = self.alpha * bias_scale
         return torch.add(direction, params, alpha=scale, out=vectors.empty_like(direction)).add_(workspace["shift"], alpha=scale)
+
+    def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
+        scale = self.alpha * bias_scale
+        torch._foreach_add_(grads, params, alpha=scale)
+        torch._foreach_add_(grads, split(workspace["shift"]), alpha=scale)
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
         h = workspace["h"]

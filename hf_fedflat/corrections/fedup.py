@@ -22,6 +22,7 @@ class FedUpCorrection(Correction):
     """
 
     name = "fedup"
+    applies_in_place = True
 
     def __init__(self, alpha: float = 0.01):
         self.alpha = alpha
@@ -39,6 +40,11 @@ class FedUpCorrection(Correction):
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         scale = self.alpha * bias_scale
         return torch.add(direction, params, alpha=scale, out=vectors.empty_like(direction)).add_(workspace, alpha=scale)
+
+    def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
+        scale = self.alpha * bias_scale
+        torch._foreach_add_(grads, params, alpha=scale)
+        torch._foreach_add_(grads, split(workspace), alpha=scale)
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"last_update": torch.zeros_like(params)}

@@ -24,6 +24,7 @@ class MomentumCorrection(Correction):
 
     name = "momentum"
     uses_params = False
+    applies_in_place = True
 
     def __init__(self, alpha: float = 0.1):
         self.alpha = alpha
@@ -40,6 +41,12 @@ class MomentumCorrection(Correction):
         if workspace is None:
             return direction
         return torch.mul(direction, self.alpha, out=vectors.empty_like(direction)).add_(workspace, alpha=(1 - self.alpha) * bias_scale)
+
+    def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
+        if workspace is None:
+            return
+        torch._foreach_mul_(grads, self.alpha)
+        torch._foreach_add_(grads, split(workspace), alpha=(1 - self.alpha) * bias_scale)
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"m": torch.zeros_like(params), "ready": torch.zeros(1)}

@@ -17,6 +17,7 @@ class ProxCorrection(Correction):
     """``d += mu * (w - w^t)``: the gradient of ``(mu/2) ||w - w^t||^2``. No state."""
 
     name = "prox"
+    applies_in_place = True
 
     def __init__(self, mu: float = 0.01):
         self.mu = mu
@@ -31,3 +32,6 @@ class ProxCorrection(Correction):
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         difference = torch.sub(params, workspace, out=vectors.empty_like(params))
         return torch.add(direction, difference, alpha=self.mu * bias_scale, out=vectors.empty_like(direction))
+
+    def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
+        torch._foreach_add_(grads, torch._foreach_sub(params, split(workspace)), alpha=self.mu * bias_scale)

@@ -24,6 +24,7 @@ class ScaffoldCorrection(Correction):
 
     name = "scaffold"
     uses_params = False
+    applies_in_place = True
 
     def __init__(self, scale: float = 1.0):
         self.scale = scale
@@ -40,6 +41,9 @@ class ScaffoldCorrection(Correction):
 
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         return torch.add(direction, workspace["shift"], alpha=self.scale * bias_scale, out=vectors.empty_like(direction))
+
+    def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
+        torch._foreach_add_(grads, split(workspace["shift"]), alpha=self.scale * bias_scale)
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
         c, c_i = workspace["c"], workspace["c_i"]

@@ -29,6 +29,7 @@ class LESAMPerturbation(Perturbation):
 
     name = "lesam"
     passes_per_step = 1
+    single_fixed_pass = True
     default_rho = 0.05
 
     def __init__(self, rho: float = 0.05, direction: str = PER_CLIENT):
@@ -56,6 +57,9 @@ class LESAMPerturbation(Perturbation):
 
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
         return grad_at(workspace["offset"])
+
+    def fixed_offset(self, workspace) -> Tensor | None:
+        return workspace["offset"]
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict | None, StateDict]:
         if self.mode == PER_CLIENT:

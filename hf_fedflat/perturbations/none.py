@@ -11,6 +11,7 @@ class NoPerturbation(Perturbation):
     name = "none"
     passes_per_step = 1
     is_identity = True
+    single_fixed_pass = True
 
     @classmethod
     def from_args(cls, args) -> "NoPerturbation":
@@ -18,3 +19,6 @@ class NoPerturbation(Perturbation):
 
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
         return grad_at(None)
+
+    def fixed_offset(self, workspace) -> None:
+        return None
