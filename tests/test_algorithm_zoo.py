@@ -306,18 +306,35 @@ def test_fedgh_leaves_agreeing_updates_and_resolves_a_conflicting_pair():
     assert abs(gi @ conflicting[1]) < 1e-6 and abs(gj @ conflicting[0]) < 1e-6  # each orthogonal to the other
 
 
-def test_fedgh_plugs_in_front_of_any_aggregator(tmp_path):
+@pytest.mark.parametrize("base, recombined_weights", [("fedadam", True), ("fedavg", True), ("fednova", False)])
+def test_fedgh_plugs_in_front_of_any_aggregator(tmp_path, base, recombined_weights):
+    """Linear rules (mean, FedAdam) get the original updates with weights C^T p, the others the harmonized
+    updates; both equal the base rule applied to the explicitly harmonized updates."""
     updates = three_updates()
     updates[1].delta = -updates[0].delta + 0.1  # force a conflict
-    harmonized, _ = harmonize([u.delta for u in updates])
+    harmonized = explicit_harmonize([u.delta.double() for u in updates])
     w = torch.zeros(6)
-    plain = server(tmp_path, fed_algorithm="fedadam")
-    with_gh = server(tmp_path, fed_algorithm="fedadam+fedgh")
-    assert with_gh.aggregator.name == "fedadam+fedgh"
-    expected, _ = plain.server_step(0, w, [ClientUpdate(u.client_id, u.num_samples, u.num_steps, 0.0, d)
+    plain = server(tmp_path, fed_algorithm=base)
+    with_gh = server(tmp_path, fed_algorithm=f"{base}+fedgh")
+    assert with_gh.aggregator.name == f"{plain.aggregator.name}+fedgh"
+    assert with_gh.aggregator.base.linear_in_weighted_delta == recombined_weights
+    expected, _ = plain.server_step(0, w, [ClientUpdate(u.client_id, u.num_samples, u.num_steps, 0.0, d.float())
                                            for u, d in zip(updates, harmonized)], P, plain.init_server_state(w), 5)
     got, _ = with_gh.server_step(0, w, updates, P, with_gh.init_server_state(w), 5)
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    unharmonized, _ = plain.server_step(0, w, updates, P, plain.init_server_state(w), 5)
+    assert (unharmonized - expected).abs().max() > 1e-3  # harmonizing changed the result: the check has teeth
+
+
+def test_gram_matrix_in_blocks_equals_the_full_product(monkeypatch):
+    from hf_fedflat.aggregators import fedgh
+
+    monkeypatch.setattr(fedgh, "GRAM_BLOCK_COLUMNS", 7)  # 50 columns: 7 full blocks and a short one
+    vectors = [torch.randn(50, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(5)]
+    stacked = torch.stack(vectors)
+    torch.testing.assert_close(fedgh.gram_matrix(vectors), stacked @ stacked.T, rtol=0, atol=1e-12)
+    single = [v.float() for v in vectors]  # float32 blocks, float64 sum
+    torch.testing.assert_close(fedgh.gram_matrix(single), stacked @ stacked.T, rtol=0, atol=1e-5)
 
 
 def test_all_seventeen_presets_and_plugins_resolve(tmp_path):

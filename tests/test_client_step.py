@@ -66,6 +66,29 @@ def test_scaffold_step_state_and_server_update_equal_formulas(tmp_path, tiny_mod
     torch.testing.assert_close(new_params, w0 + 0.5 * (w_local - w0), rtol=0, atol=1e-6)
 
 
+def test_scaffold_first_participation_starts_from_zero_control_variate(tmp_path, tiny_model, tiny_data):
+    """No stored c_i: the step uses c - 0, and the new c_i equals dc (the two may be one tensor)."""
+    args, trainer = make_trainer(tmp_path, tiny_model, fed_algorithm="scaffold")
+    algorithm = build_algorithm(args)
+    x, y = tiny_data[:]["x"], tiny_data[:]["labels"]
+    c = 0.1 * torch.randn(trainer.space.numel, generator=torch.Generator().manual_seed(2))
+    w0 = trainer.space.flatten()
+    ctx = context(trainer, broadcast={"scaffold": {"c": c}})
+    steps = 2
+    w = [p.detach().clone() for p in tiny_model.parameters()]
+    for _ in range(steps):
+        d = flat(hand_grad(tiny_model, w, x, y)) + c
+        w = [wi - LR * di for wi, di in zip(w, trainer.space.split(d))]
+    workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=steps)
+    w_local = trainer.space.flatten()
+    torch.testing.assert_close(w_local, flat(w), rtol=0, atol=1e-6)
+    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(params=w_local, num_steps=steps))
+    expected_ci = -c + (w0 - w_local) / (steps * LR)
+    torch.testing.assert_close(state["scaffold"]["c_i"], expected_ci, rtol=0, atol=1e-6)
+    torch.testing.assert_close(messages["scaffold"]["dc"], expected_ci, rtol=0, atol=1e-6)
+    assert float(c.abs().max()) > 1e-3  # c really enters the step
+
+
 def test_fedgamma_clips_the_final_direction(tmp_path, tiny_model, tiny_data):
     """SAM + SCAFFOLD composed; clipping applies to g_sam + (c - c_i), after every term."""
     rho, max_norm = 0.2, 0.05

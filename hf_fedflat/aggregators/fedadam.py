@@ -17,6 +17,7 @@ class FedAdamAggregator(Aggregator):
     ``w += eta_g * m / (sqrt(v) + tau)``. No bias correction (as in the paper). State ``{"m", "v"}``."""
 
     name = "fedadam"
+    linear_in_weighted_delta = True
 
     def __init__(self, server_learning_rate: float = 0.1, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-2):
         self.server_learning_rate, self.beta1, self.beta2, self.tau = server_learning_rate, beta1, beta2, tau

@@ -14,31 +14,46 @@ from ..algorithms.base import EPS, Aggregator, ClientUpdate, StateDict, Tensor
 from ..algorithms.registry import register_aggregator_plugin
 
 
-def gradient_conflicts(vectors: list[Tensor] | Tensor) -> tuple[Tensor, int, int]:
+#: columns per block of the Gram matrix (20 updates x 16,384 float32 columns: ~1.3 MB, cache-sized)
+GRAM_BLOCK_COLUMNS = 1 << 14
+
+
+def gram_matrix(vectors: list[Tensor]) -> Tensor:
+    """``G_ij = v_i . v_j`` (float64) of equally long flat vectors.
+
+    Built block of columns by block: each block of all vectors is copied into one small reused buffer
+    and multiplied by its transpose (one matrix product of cache size) and the float64 sum of the blocks
+    is kept. No stacked copy of the m model-sized vectors is made (for 20 updates of the 0.58M-parameter
+    benchmark CNN that copy alone was 46 MB of fresh pages per round), and the float64 sum of blocks is
+    more accurate than one float32 product over all columns.
+    """
+    m, n = len(vectors), vectors[0].numel()
+    gram = torch.zeros(m, m, dtype=torch.float64)
+    width = min(GRAM_BLOCK_COLUMNS, n)
+    block = torch.empty(m, width, dtype=vectors[0].dtype, device=vectors[0].device)
+    for start in range(0, n, width):
+        stop = min(start + width, n)
+        part = block[:, : stop - start]
+        for row, vector in zip(part, vectors):
+            row.copy_(vector[start:stop])
+        gram += (part @ part.T).double()
+    return gram
+
+
+def gradient_conflicts(vectors: list[Tensor]) -> tuple[Tensor, int, int]:
     """``(Gram matrix, conflicting pairs, all pairs)``; a pair conflicts when its dot product is negative."""
-    stacked = vectors if isinstance(vectors, Tensor) else torch.stack(vectors)
-    gram = (stacked @ stacked.T).double()  # in the updates' dtype: no float64 copy of m model-sized vectors
+    gram = gram_matrix(list(vectors))
     m = gram.shape[0]
     upper = torch.triu(torch.ones(m, m, dtype=torch.bool), diagonal=1)
     return gram, int((gram[upper] < 0).sum()), int(upper.sum())
 
 
-def harmonize(vectors: list[Tensor]) -> tuple[list[Tensor], float]:
-    """Project every conflicting pair onto each other's normal plane; returns ``(vectors, conflict ratio)``.
-
-    For every pair ``i < j`` (in order) whose ORIGINAL vectors conflict (``g~_i . g~_j < 0``):
-    ``g_i -= (g_i . g~_j / ||g~_j||^2) g~_j`` and ``g_j -= (g_j . g~_i / ||g~_i||^2) g~_i``, with ``g`` the
-    vectors as modified so far and ``g~`` the originals. The result is the same if all signs flip, so the
-    updates ``Delta_i = -g_i`` are harmonized directly.
-
-    Every harmonized ``g_i`` is a combination ``sum_k C_ik g~_k`` of the originals, and every dot product
-    needed is ``(C G)_ij`` with ``G`` the Gram matrix of the originals: the pair loop runs on an m x m matrix
-    and the model-sized work is one Gram matrix and one combination (two matrix products).
-    """
-    stacked = torch.stack(vectors)
-    gram, conflicts, pairs = gradient_conflicts(stacked)
+def harmonization_coefficients(vectors: list[Tensor]) -> tuple[Tensor | None, float]:
+    """``(C, conflict ratio)`` with the harmonized vectors ``g_i = sum_k C_ik g~_k`` (:func:`harmonize`);
+    ``C`` is None when no pair conflicts (nothing changes)."""
+    gram, conflicts, pairs = gradient_conflicts(vectors)
     if conflicts == 0:
-        return list(vectors), 0.0
+        return None, 0.0
     m = len(vectors)
     coefficients = torch.eye(m, dtype=torch.float64)
     squared = gram.diagonal().clamp_min(EPS)
@@ -51,13 +66,35 @@ def harmonize(vectors: list[Tensor]) -> tuple[list[Tensor], float]:
             dot_j = coefficients[j] @ gram[:, i]
             coefficients[i, j] -= dot_i / squared[j]
             coefficients[j, i] -= dot_j / squared[i]
-    harmonized = (coefficients.to(stacked.dtype) @ stacked).unbind(0)
-    return list(harmonized), conflicts / max(pairs, 1)
+    return coefficients, conflicts / max(pairs, 1)
+
+
+def harmonize(vectors: list[Tensor]) -> tuple[list[Tensor], float]:
+    """Project every conflicting pair onto each other's normal plane; returns ``(vectors, conflict ratio)``.
+
+    For every pair ``i < j`` (in order) whose ORIGINAL vectors conflict (``g~_i . g~_j < 0``):
+    ``g_i -= (g_i . g~_j / ||g~_j||^2) g~_j`` and ``g_j -= (g_j . g~_i / ||g~_i||^2) g~_i``, with ``g`` the
+    vectors as modified so far and ``g~`` the originals. The result is the same if all signs flip, so the
+    updates ``Delta_i = -g_i`` are harmonized directly.
+
+    Every harmonized ``g_i`` is a combination ``sum_k C_ik g~_k`` of the originals, and every dot product
+    needed is ``(C G)_ij`` with ``G`` the Gram matrix of the originals: the pair loop runs on an m x m matrix
+    and the model-sized work is the Gram matrix and one combination.
+    """
+    coefficients, ratio = harmonization_coefficients(vectors)
+    if coefficients is None:
+        return list(vectors), 0.0
+    harmonized = (coefficients.to(vectors[0].dtype) @ torch.stack(vectors)).unbind(0)
+    return list(harmonized), ratio
 
 
 @register_aggregator_plugin
 class HarmonizedAggregator(Aggregator):
     """Harmonize the clients' updates with :func:`harmonize`, then aggregate them with ``base``.
+
+    When ``base`` reads the updates only through ``sum_i p_i Delta_i`` (``linear_in_weighted_delta``: mean,
+    FedAdam), the harmonized updates are never built: ``sum_i p_i Delta'_i = sum_k (C^T p)_k Delta_k``, so the
+    base rule gets the original updates with the weights ``C^T p``. Other rules get the harmonized updates.
 
     The round's conflict ratio (share of sampled pairs with negative cosine, FedGH Fig. 2) is kept in
     :attr:`last_conflict_ratio` for the diagnostics.
@@ -76,6 +113,12 @@ class HarmonizedAggregator(Aggregator):
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
     ) -> tuple[Tensor, StateDict]:
-        deltas, self.last_conflict_ratio = harmonize([u.delta for u in updates])
-        harmonized = [dataclasses.replace(u, delta=d) for u, d in zip(updates, deltas)]
-        return self.base.aggregate(params, harmonized, weights, state)
+        deltas = [u.delta for u in updates]
+        coefficients, self.last_conflict_ratio = harmonization_coefficients(deltas)
+        if coefficients is None:
+            return self.base.aggregate(params, updates, weights, state)
+        if self.base.linear_in_weighted_delta:
+            return self.base.aggregate(params, updates, coefficients.T @ weights.to(torch.float64), state)
+        harmonized = (coefficients.to(deltas[0].dtype) @ torch.stack(deltas)).unbind(0)
+        updates = [dataclasses.replace(u, delta=d) for u, d in zip(updates, harmonized)]
+        return self.base.aggregate(params, updates, weights, state)

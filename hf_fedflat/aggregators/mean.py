@@ -12,6 +12,7 @@ class MeanAggregator(Aggregator):
     """``w^{t+1} = w^t + eta_g * sum_i p_i * Delta_i`` with ``Delta_i = w_i - w^t``."""
 
     name = "mean"
+    linear_in_weighted_delta = True
 
     def __init__(self, server_learning_rate: float = 1.0):
         self.server_learning_rate = server_learning_rate

@@ -184,6 +184,10 @@ class Aggregator(ABC):
     """The server rule: new global weights from the clients' updates."""
 
     name: ClassVar[str] = ""
+    #: True when :meth:`aggregate` reads the updates only through ``weighted_delta(updates, weights)`` (for
+    #: any weights, not only ones that sum to 1): plug-ins that recombine updates linearly may then pass
+    #: recombined weights instead of recombined updates
+    linear_in_weighted_delta: ClassVar[bool] = False
 
     def init_state(self, params: Tensor) -> StateDict:
         return {}

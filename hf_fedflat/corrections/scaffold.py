@@ -52,7 +52,8 @@ class ScaffoldCorrection(Correction):
         # dc_i = c_i+ - c_i = (w^t - w_i) / (K * eta) - c
         dc = torch.sub(ctx.global_params, result.params, out=vectors.empty_like(c))
         dc.div_(result.num_steps * ctx.learning_rate).sub_(c)
-        c_i_new = vectors.empty_like(dc).copy_(dc) if c_i is None else torch.add(c_i, dc, out=vectors.empty_like(dc))
+        # First participation: c_i+ = 0 + dc is dc itself; state and message may share it (both are only read).
+        c_i_new = dc if c_i is None else torch.add(c_i, dc, out=vectors.empty_like(dc))
         return {"c_i": c_i_new}, {"dc": dc}
 
     def init_server_state(self, params: Tensor) -> StateDict:

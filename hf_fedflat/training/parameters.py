@@ -19,9 +19,11 @@ def all_finite(tensors: torch.Tensor | Iterable[torch.Tensor]) -> bool:
     elements is, and only a non-finite sum (a NaN or Inf, or finite values whose sum overflowed) falls
     back to the exact elementwise test. The answer is always the exact one.
     """
+    checked: set[int] = set()
     for tensor in [tensors] if isinstance(tensors, torch.Tensor) else tensors:
-        if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
+        if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0 or id(tensor) in checked:
             continue
+        checked.add(id(tensor))  # (a tensor sent both as message and as state is summed once)
         if not bool(torch.isfinite(tensor.sum())) and not bool(torch.isfinite(tensor).all()):
             return False
     return True
