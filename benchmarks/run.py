@@ -246,8 +246,11 @@ def best_of(runs: list[RunTiming]) -> RunTiming:
 # ------------------------------------------------------------------------------------------------
 # The plain PyTorch loop
 # ------------------------------------------------------------------------------------------------
-def run_plain_loop(setting: Setting, data: Data) -> RunTiming:
+def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunTiming:
     """FedAvg written as a plain PyTorch loop: the lower bound for the same mathematics.
+
+    ``scaffold=True``: SCAFFOLD written the same way (``g + c - c_i`` before clipping, option II's
+    ``c_i``, ``c += sum dc_i / N``), the floor for SCAFFOLD's own extra arithmetic on this setting.
 
     Per round: the same sampled clients; per client: load the global weights, one pass of shuffled
     minibatches from a ``DataLoader`` over the same ``datasets`` client subset (same transform), SGD
@@ -262,13 +265,16 @@ def run_plain_loop(setting: Setting, data: Data) -> RunTiming:
     params = [p for p in model.parameters() if p.requires_grad]
     global_params = parameters_to_vector(params).detach().clone()
     subsets = ClientSubsets(data)
-    timing = RunTiming("plain_loop")
+    timing = RunTiming("plain_scaffold" if scaffold else "plain_loop")
     epochs = math.ceil(setting.local_epochs)
+    c = torch.zeros_like(global_params)
+    c_clients: dict[int, torch.Tensor] = {}
     for round_index in range(setting.num_rounds):
         start, cpu_start = time.perf_counter(), time.process_time()
         clients = round_clients(setting, round_index)
         total_delta = torch.zeros_like(global_params)
         steps = 0
+        new_c = c.clone() if scaffold else None
         for client_id, weight in zip(clients, fedavg_weights(data, clients)):
             load_flat(params, global_params)
             optimizer = torch.optim.SGD(params, lr=setting.learning_rate)
@@ -276,16 +282,31 @@ def run_plain_loop(setting: Setting, data: Data) -> RunTiming:
             sampler = RandomSampler(subset, generator=torch.Generator().manual_seed(
                 derive_seed(setting.seed, round_index, client_id)))
             loader = DataLoader(subset, batch_size=setting.batch_size, sampler=sampler)
+            if scaffold:
+                c_i = c_clients.get(client_id)
+                shift = [t.view_as(p) for t, p in zip((c if c_i is None else c - c_i).split(
+                    [p.numel() for p in params]), params)]
+            client_steps = 0
             for _ in range(epochs):
                 for batch in loader:
                     loss = model(pixel_values=batch["pixel_values"], labels=batch["labels"]).loss
                     loss.backward()
+                    if scaffold:
+                        torch._foreach_add_([p.grad for p in params], shift)
                     torch.nn.utils.clip_grad_norm_(params, setting.max_grad_norm)
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
-                    steps += 1
-            total_delta.add_(parameters_to_vector(params).detach() - global_params, alpha=weight)
+                    client_steps += 1
+            steps += client_steps
+            local = parameters_to_vector(params).detach()
+            total_delta.add_(local - global_params, alpha=weight)
+            if scaffold:
+                dc = (global_params - local).div_(client_steps * setting.learning_rate).sub_(c)
+                c_clients[client_id] = dc if c_i is None else c_i + dc
+                new_c.add_(dc, alpha=1.0 / setting.num_clients)
         global_params = global_params + total_delta
+        if scaffold:
+            c = new_c
         timing.round_seconds.append(time.perf_counter() - start)
         timing.round_cpu_seconds.append(time.process_time() - cpu_start)
         timing.round_steps.append(steps)
@@ -519,6 +540,8 @@ def section_speed(setting: Setting, data: Data, repeats: int, algorithms: dict[s
     """Targets 1 and 2 (per-round time): plain loop, FedAvg and every algorithm, round-robin."""
     load_before = load_average()
     runners: dict[str, Callable[[], RunTiming]] = {"plain_loop": lambda: run_plain_loop(setting, data)}
+    if "scaffold" in algorithms:  # SCAFFOLD's own arithmetic, written as a plain loop (its floor here)
+        runners["plain_scaffold"] = lambda: run_plain_loop(setting, data, scaffold=True)
     for algorithm in ("fedavg", *algorithms):
         runners[algorithm] = (lambda a: lambda: run_federated(setting, data, a)[0])(algorithm)
     best = round_robin(runners, repeats, "speed")
@@ -527,8 +550,17 @@ def section_speed(setting: Setting, data: Data, repeats: int, algorithms: dict[s
     records = [ratio_record("fedavg_vs_plain_loop", 1.10, False, "fedavg / plain loop", best["fedavg"],
                             best["plain_loop"], runs, same_math=True, extra=env)]
     for algorithm, target in algorithms.items():
+        extra = dict(env)
+        if algorithm == "scaffold":
+            plain, library = best["plain_scaffold"], best["scaffold"]
+            assert_same_work(plain, library)
+            extra["plain_scaffold_vs_plain_loop"] = round(plain.seconds_per_round / best["plain_loop"].seconds_per_round, 4)
+            extra["scaffold_vs_plain_scaffold"] = round(library.seconds_per_round / plain.seconds_per_round, 4)
+            extra["scaffold_vs_plain_scaffold_max_abs_weight_diff"] = float(
+                (library.final_params - plain.final_params).abs().max())
+            extra["plain_scaffold"] = plain.summary()
         records.append(ratio_record(f"{algorithm}_vs_fedavg", target, False, f"{algorithm} / fedavg", best[algorithm],
-                                    best["fedavg"], runs, same_math=False, extra=env))
+                                    best["fedavg"], runs, same_math=False, extra=extra))
     return records
 
 
@@ -762,6 +794,10 @@ def format_table(records: list[dict]) -> str:
             notes.append(f"2nd half {d['ratio_second_half']:.3f}, CPU-time ratio {d['cpu_time_ratio']:.3f}")
         if "max_abs_weight_diff" in d:
             notes.append(f"max |dW| {d['max_abs_weight_diff']:.1e}")
+        if "plain_scaffold_vs_plain_loop" in d:
+            notes.append(f"SCAFFOLD as a plain loop / plain FedAvg loop {d['plain_scaffold_vs_plain_loop']:.3f}, "
+                         f"library / plain SCAFFOLD {d['scaffold_vs_plain_scaffold']:.3f} "
+                         f"(max |dW| {d['scaffold_vs_plain_scaffold_max_abs_weight_diff']:.1e})")
         if "max_abs_final_weight_diff" in d:
             notes.append(f"max |dW| 1 vs 2 processes {d['max_abs_final_weight_diff']:.1e}")
         if "load_avg_before" in d:
