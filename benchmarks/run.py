@@ -694,7 +694,9 @@ def section_multiprocess(quick: bool) -> list[dict]:
         for processes in (1, 2):
             out_dir, out_json = Path(root) / f"p{processes}", Path(root) / f"p{processes}.json"
             config = REPO_ROOT / "accelerate_configs" / ("cpu_2proc.yaml" if processes == 2 else "cpu_1proc.yaml")
-            run_child(["accelerate", "launch", "--config_file", str(config), str(WORKERS), "federated",
+            # `accelerate launch` of this interpreter (its script need not be on PATH)
+            launch = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch"]
+            run_child([*launch, "--config_file", str(config), str(WORKERS), "federated",
                        "--num-rounds", str(rounds), "--local-steps", str(steps), "--output", str(out_json),
                        "--output-dir", str(out_dir)], env, 1800, f"multiprocess {processes} process(es)")
             results[processes] = json.loads(out_json.read_text())

@@ -122,7 +122,7 @@ def test_parameter_space_out_buffers_equal_fresh_vectors():
 
 
 def test_heap_trimmer_trims_only_past_its_slack():
-    eager, lazy = HeapTrimmer(slack_bytes=-1, min_calls_between=1), HeapTrimmer(slack_bytes=2**50)
+    eager, lazy = HeapTrimmer(slack_bytes=-1, min_calls_between=1, check_every=1), HeapTrimmer(slack_bytes=2**50)
     if eager._malloc_trim is None:  # no glibc / no /proc: a no-op
         assert not eager.maybe_trim() and eager.trims == 0
         return
@@ -135,5 +135,8 @@ def test_heap_trimmer_trims_only_past_its_slack():
     eager.maybe_trim()
     assert resident_set_bytes() <= before
     # at most one trim per min_calls_between checks
-    spaced = HeapTrimmer(slack_bytes=-1, min_calls_between=3)
+    spaced = HeapTrimmer(slack_bytes=-1, min_calls_between=3, check_every=1)
     assert [spaced.maybe_trim() for _ in range(7)] == [True, False, False, True, False, False, True]
+    # the resident set is read on the first and every check_every-th call only
+    sparse = HeapTrimmer(slack_bytes=-1, min_calls_between=1, check_every=4)
+    assert [sparse.maybe_trim() for _ in range(9)] == [True, False, False, False, True, False, False, False, True]

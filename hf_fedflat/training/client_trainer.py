@@ -364,11 +364,6 @@ class ClientTrainer(Trainer):
         space.set_grad_(direction)
         return loss
 
-
-    @torch.no_grad()
-    def _restore_params(self, saved: torch.Tensor) -> None:
-        self.space.load_(saved, views=self._scratch("params")[1])
-
     def _corrected_step_in_place(self, model, inputs, num_items_in_batch):
         """The corrected step without flat copies of ``g`` (the first micro-batch of a step, a perturbation with
         one pass at a fixed offset): the gradient stays in ``p.grad`` and the corrections add to it in place.
@@ -383,7 +378,7 @@ class ClientTrainer(Trainer):
         self.gradient_passes += 1
         loss = Trainer.training_step(self, model, inputs, num_items_in_batch)
         if saved is not None:
-            self._restore_params(saved)  # exact, unlike subtracting the offset
+            space.load_(saved, views=self._scratch("params")[1])  # exact, unlike subtracting the offset
         grads = [p.grad for p in space.params]
         if any(g is None for g in grads):  # a parameter without gradient: the flat path fills in zeros
             space.set_grad_(space.grad())
@@ -406,13 +401,15 @@ class HeapTrimmer:
     returns the free pages, so it runs when the resident set has grown by ``slack_bytes`` since the
     last trim, and at most once per ``min_calls_between`` checks (clients): a trim costs ~5 ms plus
     faulting the allocator's working set back in (~10 ms for 100 MB here), which trimming after every
-    few clients would pay again and again. The same remedy as Dask's documented ``malloc_trim``.
+    few clients would pay again and again. The resident set is read (from ``/proc``) on the first and
+    then every ``check_every``-th call only. The same remedy as Dask's documented ``malloc_trim``.
     A no-op where ``malloc_trim`` does not exist (macOS, Windows, musl).
     """
 
-    def __init__(self, slack_bytes: int = HEAP_TRIM_SLACK_BYTES, min_calls_between: int = 50):
+    def __init__(self, slack_bytes: int = HEAP_TRIM_SLACK_BYTES, min_calls_between: int = 50, check_every: int = 8):
         self.slack_bytes = slack_bytes
         self.min_calls_between = min_calls_between
+        self.check_every = check_every
         self.trims = 0
         self._calls = 0
         self._last_trim_call: int | None = None
@@ -424,6 +421,8 @@ class HeapTrimmer:
         if self._malloc_trim is None:
             return False
         self._calls += 1
+        if (self._calls - 1) % self.check_every:
+            return False
         if self._last_trim_call is not None and self._calls - self._last_trim_call < self.min_calls_between:
             return False
         if resident_set_bytes() - self._baseline <= self.slack_bytes:
