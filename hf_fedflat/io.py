@@ -52,12 +52,12 @@ def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.Pat
     _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
-def atomic_write_json(obj, path: str | os.PathLike, durable: bool = True) -> None:
+def atomic_write_json(obj, path: str | os.PathLike) -> None:
     def write(tmp):
         with open(tmp, "w") as handle:
-            handle.write(json.dumps(obj, indent=2, default=str))
+            json.dump(obj, handle, indent=2, default=str)
 
-    _atomic_write(path, write, durable)
+    _atomic_write(path, write)
 
 
 def atomic_write_records(records: list, path: str | os.PathLike, durable: bool = True) -> None:

@@ -133,13 +133,16 @@ class Perturbation(ClientPiece, ABC):
     def direction(self, grad_at: GradFn, workspace: Any) -> tuple[Tensor, Tensor]:
         """Returns ``(loss, d)``: the loss to report and the direction of the step as a flat vector."""
 
-    #: True when the direction is one gradient at ``w + fixed_offset(workspace)`` (an offset fixed for the
-    #: client's round, or none): the training step can then leave the gradient in ``p.grad`` (no flat copy)
-    single_fixed_pass: ClassVar[bool] = False
-
     def fixed_offset(self, workspace: Any) -> Tensor | None:
-        """For ``single_fixed_pass`` perturbations: the flat offset of this client's round (None: at ``w``)."""
+        """Perturbations whose direction is one gradient at ``w + offset``, the offset fixed for the client's
+        round, implement this (None: at ``w``); the training step can then leave the gradient in ``p.grad``
+        (no flat copy)."""
         raise NotImplementedError
+
+    @property
+    def single_fixed_pass(self) -> bool:
+        """Whether :meth:`fixed_offset` is implemented."""
+        return type(self).fixed_offset is not Perturbation.fixed_offset
 
     def offset_estimate(self, workspace: Any, local_gradient: Tensor) -> Tensor | None:
         """The perturbation ``e_i`` this client would apply at ``w^t`` given its full local gradient there
@@ -155,8 +158,10 @@ class Correction(ClientPiece, ABC):
 
     #: whether ``apply`` reads the current weights (``params``); if not, it receives ``None``
     uses_params: ClassVar[bool] = True
-    #: whether :meth:`apply_to_grads_` is implemented
-    applies_in_place: ClassVar[bool] = False
+    @property
+    def applies_in_place(self) -> bool:
+        """Whether :meth:`apply_to_grads_` is implemented."""
+        return type(self).apply_to_grads_ is not Correction.apply_to_grads_
 
     def apply_to_grads_(self, grads: list[Tensor], params: list[Tensor] | None, workspace: Any,
                         split: Callable[[Tensor], list[Tensor]], bias_scale: float = 1.0) -> None:

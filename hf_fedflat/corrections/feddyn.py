@@ -21,7 +21,6 @@ class FedDynCorrection(Correction):
     """
 
     name = "feddyn"
-    applies_in_place = True
 
     def __init__(self, alpha: float = 0.1):
         self.alpha = alpha

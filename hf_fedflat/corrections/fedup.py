@@ -22,7 +22,6 @@ class FedUpCorrection(Correction):
     """
 
     name = "fedup"
-    applies_in_place = True
 
     def __init__(self, alpha: float = 0.01):
         self.alpha = alpha

@@ -24,7 +24,6 @@ class MomentumCorrection(Correction):
 
     name = "momentum"
     uses_params = False
-    applies_in_place = True
 
     def __init__(self, alpha: float = 0.1):
         self.alpha = alpha

@@ -17,7 +17,6 @@ class ProxCorrection(Correction):
     """``d += mu * (w - w^t)``: the gradient of ``(mu/2) ||w - w^t||^2``. No state."""
 
     name = "prox"
-    applies_in_place = True
 
     def __init__(self, mu: float = 0.01):
         self.mu = mu

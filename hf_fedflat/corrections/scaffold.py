@@ -24,7 +24,6 @@ class ScaffoldCorrection(Correction):
 
     name = "scaffold"
     uses_params = False
-    applies_in_place = True
 
     def __init__(self, scale: float = 1.0):
         self.scale = scale

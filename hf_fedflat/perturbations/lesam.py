@@ -29,7 +29,6 @@ class LESAMPerturbation(Perturbation):
 
     name = "lesam"
     passes_per_step = 1
-    single_fixed_pass = True
     default_rho = 0.05
 
     def __init__(self, rho: float = 0.05, direction: str = PER_CLIENT):

@@ -11,7 +11,6 @@ class NoPerturbation(Perturbation):
     name = "none"
     passes_per_step = 1
     is_identity = True
-    single_fixed_pass = True
 
     @classmethod
     def from_args(cls, args) -> "NoPerturbation":
