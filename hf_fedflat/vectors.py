@@ -11,6 +11,9 @@ directly or through a view, is never handed out again, so recycling is invisible
 
 Activated for the duration of a federated run (``with recycle_vectors(...)``); outside it :func:`empty_like`
 and :func:`zeros_like` are ``torch.empty_like`` / ``torch.zeros_like``.
+
+:class:`BufferPool` applies the same rule to the byte buffers of the cross-process exchange, whose sizes
+vary with the clients a process trains.
 """
 
 from __future__ import annotations
@@ -130,3 +133,41 @@ def empty_like(like: torch.Tensor) -> torch.Tensor:
 def zeros_like(like: torch.Tensor) -> torch.Tensor:
     """``torch.zeros_like`` for flat vectors, recycled when a recycler of this size is active."""
     return empty_like(like).zero_()
+
+
+class BufferPool:
+    """Byte buffers (``uint8``) reused once nothing refers to them; for the cross-process exchange.
+
+    Each round a process packs its clients' updates into one buffer and the main process receives one
+    per process: ~11 MB per process and round on the benchmark CNN. Fresh, those pages fault in at
+    ~15 us each on this VM (measured: packing 11 MB took 38 ms, its padded copy 50 ms, about the
+    clients' compute of a 2-process round), reused they cost a memcpy. ``take(n)`` returns the
+    first ``n`` bytes of the smallest free storage that holds them (free: the pool is its only
+    referrer, the same test as :class:`VectorRecycler`), else of a new one with ``slack`` headroom so
+    that a slightly larger message next round still fits. At most ``max_buffers`` storages are kept
+    (the least recently taken is forgotten, left to its holders). Requests under ``min_bytes`` are
+    ordinary allocations.
+    """
+
+    def __init__(self, max_buffers: int = 8, min_bytes: int = 1 << 16, slack: float = 0.125):
+        self.max_buffers, self.min_bytes, self.slack = max_buffers, min_bytes, slack
+        self._storages: list[torch.UntypedStorage] = []  # least recently taken first
+        self._lock = threading.Lock()
+        self.reused = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """``nbytes`` bytes with undefined contents."""
+        if nbytes < self.min_bytes or _use_count is None:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        with self._lock:
+            free = [s for s in self._storages if s.nbytes() >= nbytes and _use_count(s._cdata) == 1]
+            if free:
+                storage = min(free, key=lambda s: s.nbytes())
+                self._storages.remove(storage)
+                self.reused += 1
+            else:
+                storage = torch.empty(int(nbytes * (1 + self.slack)), dtype=torch.uint8).untyped_storage()
+                if len(self._storages) >= self.max_buffers:
+                    self._storages.pop(0)
+            self._storages.append(storage)
+            return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer, vectors
-from hf_fedflat.vectors import VectorRecycler, recycle_vectors
+from hf_fedflat.vectors import BufferPool, VectorRecycler, recycle_vectors
 
 from conftest import TinyClassifier
 from test_federated_run import TEST, TRAIN
@@ -110,3 +110,37 @@ def test_training_with_recycling_equals_training_without(tmp_path, monkeypatch, 
     assert len(keep.kept) == 12
     for delta, copy in keep.kept:
         torch.testing.assert_close(delta, copy, rtol=0, atol=0)
+
+
+def test_buffer_pool_reuses_a_dropped_buffer_and_never_one_still_viewed():
+    pool = BufferPool(min_bytes=0)
+    first = pool.take(1000)
+    address = first.data_ptr()
+    view = first[100:200].view(torch.float32)  # e.g. an unpacked tensor of a received message
+    view.fill_(7.0)
+    del first
+    second = pool.take(900)  # the first buffer is still viewed: a new one
+    assert second.untyped_storage().data_ptr() != address and pool.reused == 0
+    assert bool((view == 7.0).all())
+    second_address = second.data_ptr()
+    del view, second
+    third = pool.take(1000)  # both are free now: one of them comes back
+    assert third.data_ptr() in (address, second_address) and pool.reused == 1
+    assert third.dtype == torch.uint8 and third.shape == (1000,)
+
+
+def test_buffer_pool_takes_the_smallest_free_buffer_that_fits_and_stays_bounded():
+    pool = BufferPool(max_buffers=2, min_bytes=0, slack=0.0)
+    small, large = pool.take(100), pool.take(10_000)
+    small_address, large_address = small.data_ptr(), large.data_ptr()
+    del small, large
+    assert pool.take(50).data_ptr() == small_address  # (dropped at once: free again)
+    assert pool.take(5_000).data_ptr() == large_address
+    assert pool.take(20_000).numel() == 20_000  # nothing fits: a new buffer, the oldest one forgotten
+    assert len(pool._storages) == 2
+
+
+def test_buffer_pool_leaves_small_messages_to_the_allocator():
+    pool = BufferPool(min_bytes=1 << 16)
+    buffers = [pool.take(100) for _ in range(3)]
+    assert pool.reused == 0 and not pool._storages and all(b.numel() == 100 for b in buffers)

@@ -80,6 +80,8 @@ class ClientUpdate:
     state: dict[str, StateDict] = field(default_factory=dict)
     #: floating buffers after local training (only with ``batchnorm_buffers="average"``)
     buffers: Tensor | None = None
+    #: wall time of the client's local round (balances later rounds across processes)
+    train_seconds: float = 0.0
 
 
 @dataclass

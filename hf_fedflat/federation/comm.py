@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..vectors import BufferPool
 
 # What launchers (accelerate, torchrun, MPI) set and accelerate/transformers read to go distributed.
 _LAUNCHER_VARIABLES = (
@@ -37,6 +39,8 @@ class FederatedProcessGroup:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    #: exchange buffers reused between rounds (a buffer is reused only once no unpacked tensor views it)
+    buffers: BufferPool = field(default_factory=BufferPool, repr=False, compare=False)
 
     @property
     def is_main(self) -> bool:
@@ -63,10 +67,11 @@ class FederatedProcessGroup:
         """The main process's ``tensors`` on every process (CPU)."""
         if not self.distributed:
             return tensors
-        meta, buffer = pack_tensors(tensors) if self.is_main else (None, None)
-        meta = self.broadcast_object(meta)
-        if not self.is_main:
-            buffer = torch.empty(meta["nbytes"], dtype=torch.uint8)
+        plan = plan_tensors(tensors) if self.is_main else None
+        meta = self.broadcast_object(plan[0] if self.is_main else None)
+        buffer = self.buffers.take(meta["nbytes"])
+        if self.is_main:
+            write_tensors(plan, buffer)
         dist.broadcast(buffer, src=0)
         return unpack_tensors(meta, buffer)
 
@@ -74,15 +79,15 @@ class FederatedProcessGroup:
         """``per_rank[r]`` (given on the main process) arrives on process ``r`` only."""
         if not self.distributed:
             return per_rank[0]
-        packed = [pack_tensors(t) for t in per_rank] if self.is_main else None
+        plans = [plan_tensors(t) for t in per_rank] if self.is_main else None
         box = [None]
-        dist.scatter_object_list(box, [meta for meta, _ in packed] if self.is_main else None, src=0)
+        dist.scatter_object_list(box, [meta for meta, _ in plans] if self.is_main else None, src=0)
         meta = box[0]
-        size = self.broadcast_object(max(m["nbytes"] for m, _ in packed) if self.is_main else None)
-        buffer = torch.empty(size, dtype=torch.uint8)
+        size = self.broadcast_object(max(m["nbytes"] for m, _ in plans) if self.is_main else None)
         chunks = None
-        if self.is_main:
-            chunks = [torch.nn.functional.pad(b, (0, size - b.numel())) for _, b in packed]
+        if self.is_main:  # equal sizes for the collective; the tail past a part's own bytes is never read
+            chunks = [write_tensors(plan, self.buffers.take(size)) for plan in plans]
+        buffer = self.buffers.take(size)
         dist.scatter(buffer, scatter_list=chunks, src=0)
         return unpack_tensors(meta, buffer[: meta["nbytes"]])
 
@@ -90,36 +95,54 @@ class FederatedProcessGroup:
         """Every process's ``tensors`` on the main process (in rank order); ``None`` elsewhere."""
         if not self.distributed:
             return [tensors]
-        meta, buffer = pack_tensors(tensors)
+        plan = plan_tensors(tensors)
         metas = [None] * self.world_size
-        dist.all_gather_object(metas, meta)
+        dist.all_gather_object(metas, plan[0])
         size = max(m["nbytes"] for m in metas)
-        padded = torch.zeros(size, dtype=torch.uint8)
-        padded[: buffer.numel()] = buffer
-        buffers = [torch.empty(size, dtype=torch.uint8) for _ in range(self.world_size)] if self.is_main else None
-        dist.gather(padded, gather_list=buffers, dst=0)
+        # written once, straight into a buffer of the common size (reused across rounds: no page faults)
+        buffer = write_tensors(plan, self.buffers.take(size))
+        received = [self.buffers.take(size) for _ in range(self.world_size)] if self.is_main else None
+        dist.gather(buffer, gather_list=received, dst=0)
+        del buffer  # free for the next exchange
         if not self.is_main:
             return None
-        return [unpack_tensors(m, b[: m["nbytes"]]) for m, b in zip(metas, buffers)]
+        return [unpack_tensors(m, b[: m["nbytes"]]) for m, b in zip(metas, received)]
 
 
 _ALIGN = 8  # every entry starts at a multiple of 8 bytes, so it unpacks as a view (no copy)
 
 
-def pack_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, torch.Tensor]:
-    """One uint8 buffer plus ``(name, dtype, shape, offset, size)`` metadata; exact for every dtype."""
-    entries, chunks, nbytes = [], [], 0
+def plan_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, list[torch.Tensor]]:
+    """The layout of ``tensors`` in one byte buffer, ``(meta, flat byte views)``, without copying anything.
+
+    ``meta``: ``{"entries": [(name, dtype, shape, offset, size)], "nbytes": total}``.
+    """
+    entries, raws, nbytes = [], [], 0
     for name, tensor in tensors.items():
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), nbytes, raw.numel()))
-        chunks.append(raw)
-        padding = -raw.numel() % _ALIGN
-        if padding:
-            chunks.append(torch.zeros(padding, dtype=torch.uint8))
-        nbytes += raw.numel() + padding
-    buffer = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
-    return {"entries": entries, "nbytes": nbytes}, buffer
+        raws.append(raw)
+        nbytes += raw.numel() + (-raw.numel() % _ALIGN)
+    return {"entries": entries, "nbytes": nbytes}, raws
+
+
+def write_tensors(plan: tuple[dict, list[torch.Tensor]], buffer: torch.Tensor) -> torch.Tensor:
+    """Copy the planned tensors into ``buffer`` (``uint8``, at least ``meta["nbytes"]`` long); returns it.
+
+    The alignment gaps are zeroed, so the bytes of a packed message depend only on its tensors."""
+    meta, raws = plan
+    for (_, _, _, offset, size), raw in zip(meta["entries"], raws):
+        buffer[offset: offset + size].copy_(raw)
+        end = offset + size
+        buffer[end: end + (-size % _ALIGN)].zero_()
+    return buffer
+
+
+def pack_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, torch.Tensor]:
+    """One uint8 buffer plus ``(name, dtype, shape, offset, size)`` metadata; exact for every dtype."""
+    plan = plan_tensors(tensors)
+    return plan[0], write_tensors(plan, torch.empty(plan[0]["nbytes"], dtype=torch.uint8))
 
 
 def unpack_tensors(meta: dict, buffer: torch.Tensor) -> dict[str, torch.Tensor]:

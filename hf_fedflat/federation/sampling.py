@@ -23,18 +23,3 @@ def sample_clients(num_clients: int, clients_per_round: int, seed: int, round_in
         return list(range(num_clients))
     rng = np.random.default_rng(derive_seed(seed, round_index, 0x5A3))
     return sorted(int(c) for c in rng.choice(num_clients, size=clients_per_round, replace=False))
-
-
-def assign_to_processes(client_ids: list[int], num_samples: list[int], world_size: int) -> list[list[int]]:
-    """Split a round's clients across processes, balancing sample counts (longest first, greedy).
-
-    Deterministic; every process computes the same assignment. The result keeps no order meaning:
-    the server re-orders updates by client id before aggregating.
-    """
-    loads = [0] * world_size
-    shares: list[list[int]] = [[] for _ in range(world_size)]
-    for client_id in sorted(client_ids, key=lambda c: (-num_samples[c], c)):
-        target = min(range(world_size), key=lambda r: (loads[r], r))
-        shares[target].append(client_id)
-        loads[target] += num_samples[client_id]
-    return [sorted(share) for share in shares]

@@ -29,7 +29,8 @@ from ..training.parameters import all_finite
 from .callbacks import FederatedCallback, RoundReporter
 from .checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
 from .comm import get_process_group, quiet_process_group_warning
-from .sampling import assign_to_processes, derive_seed, sample_clients
+from .load_balance import ClientCostModel, assign_to_processes, local_work
+from .sampling import derive_seed, sample_clients
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,8 @@ class FederatedTrainer:
         self.partition = partition
         self.client_sizes = [int(n) for n in partition.num_samples]
         self._client_datasets: dict[int, Any] = {}  # index views, built once per client
+        #: seconds per client predicted from earlier clients' times (main process; splits rounds across processes)
+        self.cost_model = ClientCostModel()
         self.callbacks = list(callbacks or [])
         #: dataset name/id, base model, task: extra details for the model card (recipes and the CLI fill it)
         self.model_card_kwargs: dict[str, Any] = {}
@@ -210,6 +213,7 @@ class FederatedTrainer:
         global_buffers: torch.Tensor | None = None,
     ) -> ClientUpdate:
         """Local training of one client from ``w^t``; returns its update (CPU tensors)."""
+        started = time.perf_counter()
         device = self.space.device
         self.client_trainer.release_memory()  # earlier clients' freed buffers back to the OS, if they piled up
         self._load_global(global_params, global_buffers)
@@ -250,6 +254,7 @@ class FederatedTrainer:
             messages=cpu(messages),
             state=cpu(new_state),
             buffers=self.buffer_space.flatten().cpu() if self.buffer_space is not None else None,
+            train_seconds=time.perf_counter() - started,
         )
 
     def _train_client_safely(self, client_id, round_index, *args) -> tuple[ClientUpdate | None, str | None]:
@@ -332,7 +337,7 @@ class FederatedTrainer:
             learning_rate = args.learning_rate * args.lr_decay_per_round**round_index
             self._call("on_round_begin", round_index, clients)
 
-            shares = assign_to_processes(clients, self.client_sizes, comm.world_size)
+            shares = self._assign_to_processes(clients)
             inputs, payload_bytes = self._round_inputs(shares)
             updates, failures = [], {}
             for client_id in shares[comm.rank]:
@@ -350,6 +355,8 @@ class FederatedTrainer:
             gathered = comm.gather_tensors(_encode_updates(updates, failures))
             if comm.is_main:
                 updates, failures = _decode_gathered(gathered)
+                del gathered  # the updates alone hold the exchange buffers (reused once they are dropped)
+                self._observe_client_times(updates)
                 self._check_failures(round_index, len(clients), updates, failures)
                 record = self._apply_round(round_index, learning_rate, updates, payload_bytes)
                 if failures:
@@ -397,6 +404,30 @@ class FederatedTrainer:
 
     def _round_clients(self, round_index: int) -> list[int]:
         return sample_clients(self.args.num_clients, self.args.num_clients_per_round, self.args.seed, round_index)
+
+    def local_work(self, client_id: int) -> tuple[int, int]:
+        """``(optimizer steps, samples forwarded)`` of the client's local run (the Trainer's schedule)."""
+        args = self.args
+        return local_work(
+            self.client_sizes[client_id], args.per_device_train_batch_size, local_steps=args.local_steps,
+            local_epochs=args.local_epochs, gradient_accumulation_steps=args.gradient_accumulation_steps,
+            drop_last=args.dataloader_drop_last,
+        )
+
+    def _assign_to_processes(self, clients: list[int]) -> list[list[int]]:
+        """The round's clients per process, decided by the main process (it holds the measured times)."""
+        comm = self.comm
+        if not comm.distributed:
+            return [list(clients)]
+        shares = None
+        if comm.is_main:
+            costs = {c: self.cost_model.cost(*self.local_work(c)) for c in clients}
+            shares = assign_to_processes(clients, costs, comm.world_size)
+        return comm.broadcast_object(shares)
+
+    def _observe_client_times(self, updates: list[ClientUpdate]) -> None:
+        for update in updates:
+            self.cost_model.observe(update.num_steps, self.local_work(update.client_id)[1], update.train_seconds)
 
     def _round_inputs(self, shares: list[list[int]]) -> tuple[dict, int]:
         """main -> all: ``w^t`` (and buffers) and what the pieces broadcast; main -> each process: the states
@@ -567,7 +598,7 @@ def _encode_updates(updates: list[ClientUpdate], failures: dict[int, str]) -> di
            for client_id, reason in failures.items()}
     for i, u in enumerate(updates):
         out[f"{i}/meta"] = torch.tensor([u.client_id, u.num_samples, u.num_steps], dtype=torch.int64)
-        out[f"{i}/loss"] = torch.tensor([u.train_loss], dtype=torch.float64)
+        out[f"{i}/loss"] = torch.tensor([u.train_loss, u.train_seconds], dtype=torch.float64)
         out[f"{i}/delta"] = u.delta
         if u.buffers is not None:
             out[f"{i}/buffers"] = u.buffers
@@ -599,6 +630,7 @@ def _decode_updates(tensors: dict[str, torch.Tensor]) -> list[ClientUpdate]:
         state = {k.removeprefix("state/"): v for k, v in part.items() if k.startswith("state/")}
         updates.append(ClientUpdate(
             client_id=client_id, num_samples=num_samples, num_steps=num_steps, train_loss=float(part["loss"][0]),
+            train_seconds=float(part["loss"][1]),
             delta=part["delta"], messages=unflatten_state(messages), state=unflatten_state(state),
             buffers=part.get("buffers"),
         ))
