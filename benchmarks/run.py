@@ -685,10 +685,10 @@ def section_multiprocess(quick: bool) -> list[dict]:
     so 1 process uses one core and 2 processes two. The launches alternate (1, 2, then 2, 1, ...) and each
     round keeps its fastest time over the repeats, as in the other sections: this VM's speed drifts by
     up to 30% within minutes, which a single launch of each would measure instead of the speed-up.
-    The first two rounds are warm-up (the exchange buffers are allocated, the client cost model is fit).
+    Round 0 is warm-up (the exchange buffers are allocated, the client cost model has no times yet).
     """
-    rounds, steps, repeats = (5, 15, 2) if quick else (8, 20, 3)
-    warmup = 2
+    rounds, steps, repeats = (8, 20, 2) if quick else (10, 20, 3)
+    warmup = 1
     env = child_env(1)
     load_before = load_average()
     runs: dict[int, list[dict]] = {1: [], 2: []}
