@@ -687,7 +687,7 @@ def section_multiprocess(quick: bool) -> list[dict]:
     up to 30% within minutes, which a single launch of each would measure instead of the speed-up.
     Round 0 is warm-up (the exchange buffers are allocated, the client cost model has no times yet).
     """
-    rounds, steps, repeats = (8, 20, 2) if quick else (10, 20, 3)
+    rounds, steps, repeats = (6, 20, 2) if quick else (10, 20, 3)
     warmup = 1
     env = child_env(1)
     load_before = load_average()
