@@ -598,7 +598,7 @@ def _encode_updates(updates: list[ClientUpdate], failures: dict[int, str]) -> di
            for client_id, reason in failures.items()}
     for i, u in enumerate(updates):
         out[f"{i}/meta"] = torch.tensor([u.client_id, u.num_samples, u.num_steps], dtype=torch.int64)
-        out[f"{i}/loss"] = torch.tensor([u.train_loss, u.train_seconds], dtype=torch.float64)
+        out[f"{i}/scalars"] = torch.tensor([u.train_loss, u.train_seconds], dtype=torch.float64)
         out[f"{i}/delta"] = u.delta
         if u.buffers is not None:
             out[f"{i}/buffers"] = u.buffers
@@ -629,8 +629,8 @@ def _decode_updates(tensors: dict[str, torch.Tensor]) -> list[ClientUpdate]:
         messages = {k.removeprefix("msg/"): v for k, v in part.items() if k.startswith("msg/")}
         state = {k.removeprefix("state/"): v for k, v in part.items() if k.startswith("state/")}
         updates.append(ClientUpdate(
-            client_id=client_id, num_samples=num_samples, num_steps=num_steps, train_loss=float(part["loss"][0]),
-            train_seconds=float(part["loss"][1]),
+            client_id=client_id, num_samples=num_samples, num_steps=num_steps, train_loss=float(part["scalars"][0]),
+            train_seconds=float(part["scalars"][1]),
             delta=part["delta"], messages=unflatten_state(messages), state=unflatten_state(state),
             buffers=part.get("buffers"),
         ))
