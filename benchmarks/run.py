@@ -682,9 +682,11 @@ def section_multiprocess(quick: bool) -> list[dict]:
 
     Compute-bound clients: 20 local steps (batch 16) per client, 10 clients per round, digits 16x16,
     small_cnn. One torch thread per process on both sides (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``),
-    so 1 process uses one core and 2 processes two. The launches alternate (1, 2, then 2, 1, ...) and each
-    round keeps its fastest time over the repeats, as in the other sections: this VM's speed drifts by
-    up to 30% within minutes, which a single launch of each would measure instead of the speed-up.
+    so 1 process uses one core and 2 processes two. The launches alternate in adjacent pairs (1, 2, then
+    2, 1, ...) and the ratio is the median over the pairs of (1-process time / 2-process time): this VM's
+    speed drifts by up to 50% between launches half a minute apart (measured: the same 1-process run at
+    1167, 1547 and 1763 ms/round within two minutes), so only launches next to each other are compared;
+    the best-of-per-round ratio used by the in-process sections is kept in ``details`` for reference.
     Round 0 is warm-up (the exchange buffers are allocated, the client cost model has no times yet).
     """
     rounds, steps, repeats = (6, 20, 2) if quick else (10, 20, 3)
@@ -712,12 +714,13 @@ def section_multiprocess(quick: bool) -> list[dict]:
                 log(f"multiprocess: {processes} process(es): "
                     f"{statistics.fmean(result['round_seconds'][warmup:]) * 1000:.0f} ms/round")
                 params.append(load_file(str(out_dir / "final_model" / "model.safetensors")))
-    per_round = {p: statistics.fmean([min(times) for times in zip(*(r["round_seconds"] for r in rs))][warmup:])
-                 for p, rs in runs.items()}
-    ratio = per_round[1] / per_round[2]  # (rounds/s with 2) / (rounds/s with 1)
+    mean_round = {p: [statistics.fmean(r["round_seconds"][warmup:]) for r in rs] for p, rs in runs.items()}
+    pairs = [one / two for one, two in zip(mean_round[1], mean_round[2])]  # launched next to each other
+    ratio = statistics.median(pairs)  # (rounds/s with 2) / (rounds/s with 1)
+    per_round = {p: statistics.median(times) for p, times in mean_round.items()}
+    best_of = {p: statistics.fmean([min(times) for times in zip(*(r["round_seconds"] for r in rs))][warmup:])
+               for p, rs in runs.items()}
     diff = max(float((other[k] - params[0][k]).abs().max()) for other in params[1:] for k in params[0])
-    pairs = [statistics.fmean(one["round_seconds"][warmup:]) / statistics.fmean(two["round_seconds"][warmup:])
-             for one, two in zip(runs[1], runs[2])]
     return [{
         "name": "two_processes_speedup", "ratio": round(ratio, 4), "target": 1.6, "passed": bool(ratio >= 1.6),
         "details": {
@@ -725,7 +728,8 @@ def section_multiprocess(quick: bool) -> list[dict]:
             "raw": f"{1 / per_round[2]:.2f} vs {1 / per_round[1]:.2f} rounds/s "
                    f"({per_round[2] * 1000:.0f} vs {per_round[1] * 1000:.0f} ms/round)",
             "max_abs_final_weight_diff": diff, "same_final_model": diff == 0.0,
-            "ratio_per_launch_pair": [round(x, 3) for x in pairs],
+            "ratio_is_the": "median over adjacent launch pairs", "ratio_per_launch_pair": [round(x, 3) for x in pairs],
+            "ratio_best_of_per_round": round(best_of[1] / best_of[2], 4),
             "local_steps": steps, "rounds": rounds, "warmup_rounds": warmup, "repeats": repeats,
             "threads_per_process": 1, "runs": {str(k): v for k, v in runs.items()},
             "load_avg_before": load_before, "load_avg_after": load_average(),
