@@ -140,3 +140,19 @@ def test_heap_trimmer_trims_only_past_its_slack():
     # the resident set is read on the first and every check_every-th call only
     sparse = HeapTrimmer(slack_bytes=-1, min_calls_between=1, check_every=4)
     assert [sparse.maybe_trim() for _ in range(9)] == [True, False, False, False, True, False, False, False, True]
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "fedlesam_d"])
+def test_workspace_vectors_are_split_once_per_client_not_every_step(tmp_path, monkeypatch, algorithm):
+    calls = []
+    original = ParameterSpace.split
+    monkeypatch.setattr(ParameterSpace, "split", lambda self, flat: calls.append(1) or original(self, flat))
+
+    def splits(local_steps):
+        calls.clear()
+        trainer, _, _ = run(tmp_path / f"steps{local_steps}", reuse=True, fed_algorithm=algorithm,
+                            local_steps=local_steps, rho=0.1)
+        assert trainer.client_trainer.in_place_steps == 12 * local_steps
+        return len(calls)
+
+    assert splits(2) == splits(6)  # 4 more corrected steps per client, not one split more

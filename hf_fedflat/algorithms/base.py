@@ -169,8 +169,9 @@ class Correction(ClientPiece, ABC):
                         split: Callable[[Tensor], list[Tensor]], bias_scale: float = 1.0) -> None:
         """:meth:`apply` on the per-parameter gradients in place: the same elementwise operations in the same
         order, so the result is bit-identical to the flat one (tested), without flattening ``g`` and ``w``
-        every step. ``params`` are the parameters themselves; ``split(flat)`` gives a flat vector's
-        per-parameter views."""
+        every step. ``params`` are the parameters themselves; ``split(flat)`` gives the per-parameter views
+        of a vector of the workspace (made once per client: pass it vectors fixed for the round, not
+        temporaries)."""
         raise NotImplementedError
 
     @abstractmethod

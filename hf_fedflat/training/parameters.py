@@ -67,8 +67,9 @@ class ParameterSpace:
         torch._foreach_copy_(self.params, views if views is not None else self.split(flat.to(self.device, self.dtype)))
 
     @torch.no_grad()
-    def add_(self, flat: torch.Tensor) -> None:
-        torch._foreach_add_(self.params, self.split(flat))
+    def add_(self, flat: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
+        """Add a flat vector to the parameters in place (``views``: ``split(flat)``, if already made)."""
+        torch._foreach_add_(self.params, views if views is not None else self.split(flat))
 
     def grad(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The current gradients as one flat vector (zeros where a parameter got none); ``out`` as in
