@@ -16,7 +16,8 @@ Prints a table of ratios with the raw numbers and writes a JSON list of
    clients / with 10 clients (SCAFFOLD's ``c_i``, FedLESAM's ``w_old_i``; the client-state store spills
    to disk), each in a process of its own (``workers.py memory``).
 4. ``two_processes_speedup`` (>= 1.6): rounds per second with ``accelerate launch`` on two processes /
-   one process, compute-bound clients, one torch thread per process; same final model.
+   one process, compute-bound clients, one torch thread per process; same final model. The median over
+   adjacent launch pairs (launches half a minute apart already see the VM's speed drift).
 5. ``lora_vit_bytes_up_share`` (<= 0.02): bytes one client uploads per round (``history.json``'s
    ``bytes_up``) / bytes of the full ViT-B/32, LoRA r=8.
 6. ``naive_trainer_per_client_speedup`` (>= 1): a new ``TrainingArguments`` + ``Trainer`` per client per
