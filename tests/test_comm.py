@@ -1,8 +1,9 @@
-"""The byte packing behind the cross-process exchange is exact for every dtype and shape."""
+"""The byte packing behind the cross-process exchange (layout planned, then written into a given, possibly
+reused buffer) is exact for every dtype and shape."""
 
 import torch
 
-from hf_fedflat.federation.comm import pack_tensors, unpack_tensors
+from hf_fedflat.federation.comm import plan_tensors, unpack_tensors, write_tensors
 
 
 def test_pack_unpack_round_trip_is_exact():
@@ -15,8 +16,14 @@ def test_pack_unpack_round_trip_is_exact():
         "empty": torch.zeros(0),
         "flag": torch.tensor([True, False]),
     }
-    meta, buffer = pack_tensors(tensors)
+    plan = plan_tensors(tensors)
+    meta = plan[0]
+    buffer = write_tensors(plan, torch.full((meta["nbytes"],), 0xAB, dtype=torch.uint8))  # stale bytes
     assert buffer.dtype == torch.uint8 and buffer.numel() == meta["nbytes"]
+    # the alignment gaps are zeroed: a reused buffer's stale bytes do not leak into the message
+    ends = [offset + size for _, _, _, offset, size in meta["entries"]]
+    starts = [offset for _, _, _, offset, _ in meta["entries"]][1:] + [meta["nbytes"]]
+    assert all(not buffer[end:start].any() for end, start in zip(ends, starts)) and ends[1] < starts[1]
     out = unpack_tensors(meta, buffer.clone())
     assert list(out) == list(tensors)
     for name, tensor in tensors.items():

@@ -139,12 +139,6 @@ def write_tensors(plan: tuple[dict, list[torch.Tensor]], buffer: torch.Tensor) -
     return buffer
 
 
-def pack_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, torch.Tensor]:
-    """One uint8 buffer plus ``(name, dtype, shape, offset, size)`` metadata; exact for every dtype."""
-    plan = plan_tensors(tensors)
-    return plan[0], write_tensors(plan, torch.empty(plan[0]["nbytes"], dtype=torch.uint8))
-
-
 def unpack_tensors(meta: dict, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
     """Views into ``buffer`` (which must not be reused by the caller)."""
     return {

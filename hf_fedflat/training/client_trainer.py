@@ -397,8 +397,8 @@ class ClientTrainer(Trainer):
     def _workspace_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """``space.split(flat)`` for a vector fixed for the client's round (a correction's shift, LESAM's offset),
         made once per client instead of every step (splitting cost ~0.1 ms a step, like the correction itself)."""
-        entry = self._views_of_workspace.get(id(flat))
-        if entry is None or entry[0] is not flat:
+        entry = self._views_of_workspace.get(id(flat))  # (the entry holds flat: its id is not reused meanwhile)
+        if entry is None:
             if len(self._views_of_workspace) >= self.MAX_WORKSPACE_VIEWS:
                 self._views_of_workspace.clear()
             entry = self._views_of_workspace[id(flat)] = (flat, self.space.split(flat))
