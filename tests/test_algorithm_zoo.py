@@ -97,7 +97,8 @@ def test_lesam_per_client_uses_the_old_global_model_and_one_pass(tmp_path, tiny_
     workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=3)
     torch.testing.assert_close(trainer.space.flatten(), expected, rtol=0, atol=1e-6)
     assert len(forwards) == 3 and len(backwards) == 3  # exactly one forward and one backward per step
-    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(trainer.space.flatten(), 3))
+    w_local = trainer.space.flatten()
+    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(w_local, 3, w_local - ctx.global_params))
     torch.testing.assert_close(state["lesam"]["w_old"], w0, rtol=0, atol=0)  # w_old_i <- w^t
     assert messages == {}
 
@@ -145,7 +146,8 @@ def test_smoo_corrected_perturbation_state_and_server(tmp_path, tiny_model, tiny
     ctx = context(trainer, broadcast={"smoo": {"s": s}}, state={"smoo": {"mu": mu0}})
     workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=2)
     torch.testing.assert_close(trainer.space.flatten(), expected, rtol=0, atol=1e-6)
-    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(trainer.space.flatten(), 2))
+    w_local = trainer.space.flatten()
+    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(w_local, 2, w_local - ctx.global_params))
     torch.testing.assert_close(state["smoo"]["mu"], mu, rtol=0, atol=1e-6)
     # server: s = rho * mean(mu_i) / ||mean(mu_i)||
     other_mu = random_vector(dim, 5)
@@ -176,7 +178,7 @@ def test_feddyn_term_and_client_state(tmp_path, tiny_model, tiny_data):
     workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=3)
     w_local = trainer.space.flatten()
     torch.testing.assert_close(w_local, expected, rtol=0, atol=1e-6)
-    state, _ = algorithm.end_client(ctx, workspaces, LocalResult(w_local, 3))
+    state, _ = algorithm.end_client(ctx, workspaces, LocalResult(w_local, 3, w_local - ctx.global_params))
     torch.testing.assert_close(state["feddyn"]["h"], h + (w_local - w0), rtol=0, atol=1e-6)
 
 

@@ -49,7 +49,7 @@ def test_scaffold_step_state_and_server_update_equal_formulas(tmp_path, tiny_mod
     w_local = trainer.space.flatten()
     torch.testing.assert_close(w_local, flat(w), rtol=0, atol=1e-6)
 
-    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(params=w_local, num_steps=steps))
+    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(params=w_local, num_steps=steps, delta=w_local - ctx.global_params))
     expected_ci = c_i - c + (w0 - w_local) / (steps * LR)
     torch.testing.assert_close(state["scaffold"]["c_i"], expected_ci, rtol=0, atol=1e-6)
     torch.testing.assert_close(messages["scaffold"]["dc"], expected_ci - c_i, rtol=0, atol=1e-6)
@@ -82,7 +82,7 @@ def test_scaffold_first_participation_starts_from_zero_control_variate(tmp_path,
     workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=steps)
     w_local = trainer.space.flatten()
     torch.testing.assert_close(w_local, flat(w), rtol=0, atol=1e-6)
-    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(params=w_local, num_steps=steps))
+    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(params=w_local, num_steps=steps, delta=w_local - ctx.global_params))
     expected_ci = -c + (w0 - w_local) / (steps * LR)
     torch.testing.assert_close(state["scaffold"]["c_i"], expected_ci, rtol=0, atol=1e-6)
     torch.testing.assert_close(messages["scaffold"]["dc"], expected_ci, rtol=0, atol=1e-6)

@@ -61,6 +61,9 @@ class LocalResult:
 
     params: Tensor  # w_i, flat, training device
     num_steps: int  # K: optimizer steps actually taken
+    #: ``w_i - w^t``, flat, training device: computed once per client, read by the pieces (SCAFFOLD's
+    #: ``dc_i``, FedDyn's ``h_i``) and sent as the update's delta, so no piece repeats the subtraction
+    delta: Tensor
 
 
 @dataclass

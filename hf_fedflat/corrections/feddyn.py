@@ -47,5 +47,4 @@ class FedDynCorrection(Correction):
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
         h = workspace["h"]
-        step = torch.sub(result.params, ctx.global_params, out=vectors.empty_like(h))
-        return {"h": torch.add(h, step, out=vectors.empty_like(h))}, {}
+        return {"h": torch.add(h, result.delta, out=vectors.empty_like(h))}, {}

@@ -48,9 +48,9 @@ class ScaffoldCorrection(Correction):
         c, c_i = workspace["c"], workspace["c_i"]
         if result.num_steps == 0:
             return {"c_i": torch.zeros_like(c) if c_i is None else c_i}, {"dc": vectors.zeros_like(c)}
-        # dc_i = c_i+ - c_i = (w^t - w_i) / (K * eta) - c
-        dc = torch.sub(ctx.global_params, result.params, out=vectors.empty_like(c))
-        dc.div_(result.num_steps * ctx.learning_rate).sub_(c)
+        # dc_i = c_i+ - c_i = (w^t - w_i) / (K * eta) - c. Dividing the shared w_i - w^t by -K*eta gives the
+        # same bits as (w^t - w_i) / (K * eta) (IEEE subtraction and division are sign-symmetric).
+        dc = torch.div(result.delta, -(result.num_steps * ctx.learning_rate), out=vectors.empty_like(c)).sub_(c)
         # First participation: c_i+ = 0 + dc is dc itself; state and message may share it (both are only read).
         c_i_new = dc if c_i is None else torch.add(c_i, dc, out=vectors.empty_like(dc))
         return {"c_i": c_i_new}, {"dc": dc}
@@ -59,7 +59,11 @@ class ScaffoldCorrection(Correction):
         return {"c": torch.zeros_like(params)}
 
     def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
-        c = vectors.empty_like(server_state["c"]).copy_(server_state["c"])
-        for update in summary.updates:
-            c.add_(update.messages[self.name]["dc"], alpha=1.0 / summary.num_clients)
+        dcs = [update.messages[self.name]["dc"] for update in summary.updates]
+        if not dcs:
+            return server_state
+        # The first add writes the new c (no separate copy of the old one), the rest accumulate in place.
+        c = torch.add(server_state["c"], dcs[0], alpha=1.0 / summary.num_clients, out=vectors.empty_like(dcs[0]))
+        for dc in dcs[1:]:
+            c.add_(dc, alpha=1.0 / summary.num_clients)
         return {"c": c}

@@ -240,7 +240,8 @@ class FederatedTrainer:
         trainer.seed_for_client(derive_seed(self.args.seed, round_index, client_id))
         output = trainer.train()
         local_params = self.space.flatten()
-        result = LocalResult(params=local_params, num_steps=int(trainer.state.global_step))
+        delta = torch.sub(local_params, ctx.global_params, out=vectors.empty_like(local_params))
+        result = LocalResult(params=local_params, num_steps=int(trainer.state.global_step), delta=delta)
         new_state, messages = self.algorithm.end_client(ctx, workspaces, result)
         if diagnostics:
             messages[DIAGNOSTICS_MESSAGE] = diagnostics
@@ -250,7 +251,7 @@ class FederatedTrainer:
             num_samples=ctx.num_samples,
             num_steps=result.num_steps,
             train_loss=float(output.training_loss),
-            delta=torch.sub(local_params, ctx.global_params, out=vectors.empty_like(local_params)).cpu(),
+            delta=delta.cpu(),
             messages=cpu(messages),
             state=cpu(new_state),
             buffers=self.buffer_space.flatten().cpu() if self.buffer_space is not None else None,
