@@ -15,6 +15,7 @@ from hf_fedflat.data import (
     load_digits_dataset,
     partition_dataset,
     plot_partition_heatmap,
+    select_rows,
 )
 
 NUM_CLIENTS = 20
@@ -47,6 +48,43 @@ def _mean_tv_to_global(part: ClientPartition) -> float:
     glob = counts.sum(0) / counts.sum()
     local = counts / counts.sum(1, keepdims=True)
     return float(0.5 * np.abs(local - glob).sum(1).mean())
+
+
+def _rows_equal(a, b) -> bool:
+    return a.keys() == b.keys() and all(
+        np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a
+    )
+
+
+@pytest.mark.parametrize("formatting", ["transform", "torch_columns", "numpy_all_columns", "none", "after_select"])
+@pytest.mark.parametrize("indices", [[5, 0, 17, 3], [4, 5, 6], []], ids=["scattered", "contiguous", "empty"])
+def test_select_rows_equals_select(train, formatting, indices):
+    dataset = {
+        "transform": lambda: load_digits_dataset(image_size=16)["train"],
+        "torch_columns": lambda: train.with_format("torch", columns=["label", "image"]),
+        "numpy_all_columns": lambda: train.with_format("numpy", columns=["label"], output_all_columns=True),
+        "none": lambda: train,
+        "after_select": lambda: load_digits_dataset(image_size=16)["train"].select(range(900, 1000)),
+    }[formatting]()
+    parent_format, parent_fingerprint = dataset.format, dataset._fingerprint
+    expected, subset = dataset.select(indices), select_rows(dataset, indices)
+    assert subset.format == expected.format and len(subset) == len(expected) == len(indices)
+    assert _rows_equal(subset[:], expected[:])
+    if indices:
+        assert _rows_equal(subset[1], expected[1])
+    # the subset's fingerprint depends on the parent and the rows; the parent is untouched
+    assert select_rows(dataset, indices)._fingerprint == subset._fingerprint
+    assert select_rows(dataset, [1, 2])._fingerprint != select_rows(dataset, [1, 3])._fingerprint
+    assert dataset.format == parent_format and dataset._fingerprint == parent_fingerprint
+
+
+def test_select_rows_follows_in_place_format_changes(train):
+    dataset = train.select(range(50))
+    before = select_rows(dataset, [1, 2])
+    dataset.set_format("numpy", columns=["label"])  # in place: a new fingerprint, a new twin
+    after = select_rows(dataset, [1, 2])
+    assert before.format["type"] is None and after.format == dataset.select([1, 2]).format
+    assert isinstance(after[:]["label"], np.ndarray) and set(after[:]) == {"label"}
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -13,6 +13,7 @@ from hf_fedflat.data.partition import (
     ClientPartition,
     partition_dataset,
     plot_partition_heatmap,
+    select_rows,
 )
 from hf_fedflat.data.transforms import (
     image_classification_transform,
@@ -32,6 +33,7 @@ __all__ = [
     "load_digits_dataset",
     "partition_dataset",
     "plot_partition_heatmap",
+    "select_rows",
     "to_image_tensor",
     "without_transform",
 ]
