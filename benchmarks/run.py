@@ -251,7 +251,8 @@ def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunT
     """FedAvg written as a plain PyTorch loop: the lower bound for the same mathematics.
 
     ``scaffold=True``: SCAFFOLD written the same way (``g + c - c_i`` before clipping, option II's
-    ``c_i``, ``c += sum dc_i / N``), the floor for SCAFFOLD's own extra arithmetic on this setting.
+    ``c_i+ = -Delta_i / (K eta) - (c - c_i)``, ``c += sum dc_i / N`` with ``dc_i = -c - Delta_i / (K eta)``
+    computed from the updates), the floor for SCAFFOLD's own extra arithmetic on this setting.
 
     Per round: the same sampled clients; per client: load the global weights, one pass of shuffled
     minibatches from a ``DataLoader`` over the same ``datasets`` client subset (same transform), SGD
@@ -275,7 +276,7 @@ def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunT
         clients = round_clients(setting, round_index)
         total_delta = torch.zeros_like(global_params)
         steps = 0
-        new_c = c.clone() if scaffold else None
+        stepped: list[tuple[torch.Tensor, int]] = []  # (delta, steps) of each client, for SCAFFOLD's c
         for client_id, weight in zip(clients, fedavg_weights(data, clients)):
             load_flat(params, global_params)
             optimizer = torch.optim.SGD(params, lr=setting.learning_rate)
@@ -285,8 +286,8 @@ def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunT
             loader = DataLoader(subset, batch_size=setting.batch_size, sampler=sampler)
             if scaffold:
                 c_i = c_clients.get(client_id)
-                shift = [t.view_as(p) for t, p in zip((c if c_i is None else c - c_i).split(
-                    [p.numel() for p in params]), params)]
+                shift_flat = c if c_i is None else c - c_i
+                shift = [t.view_as(p) for t, p in zip(shift_flat.split([p.numel() for p in params]), params)]
             client_steps = 0
             for _ in range(epochs):
                 for batch in loader:
@@ -300,14 +301,17 @@ def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunT
                     client_steps += 1
             steps += client_steps
             local = parameters_to_vector(params).detach()
-            total_delta.add_(local - global_params, alpha=weight)
+            delta = local - global_params
+            total_delta.add_(delta, alpha=weight)
             if scaffold:
-                dc = (global_params - local).div_(client_steps * setting.learning_rate).sub_(c)
-                c_clients[client_id] = dc if c_i is None else c_i + dc
-                new_c.add_(dc, alpha=1.0 / setting.num_clients)
+                c_clients[client_id] = (delta / -(client_steps * setting.learning_rate)).sub_(shift_flat)
+                stepped.append((delta, client_steps))
         global_params = global_params + total_delta
         if scaffold:
-            c = new_c
+            n = setting.num_clients
+            c = c * (1.0 - len(stepped) / n)
+            for delta, client_steps in stepped:
+                c.add_(delta, alpha=-1.0 / (n * client_steps * setting.learning_rate))
         timing.round_seconds.append(time.perf_counter() - start)
         timing.round_cpu_seconds.append(time.process_time() - cpu_start)
         timing.round_steps.append(steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hf_fedflat import build_algorithm
@@ -52,18 +53,26 @@ def test_scaffold_step_state_and_server_update_equal_formulas(tmp_path, tiny_mod
     state, messages = algorithm.end_client(ctx, workspaces, LocalResult(params=w_local, num_steps=steps, delta=w_local - ctx.global_params))
     expected_ci = c_i - c + (w0 - w_local) / (steps * LR)
     torch.testing.assert_close(state["scaffold"]["c_i"], expected_ci, rtol=0, atol=1e-6)
-    torch.testing.assert_close(messages["scaffold"]["dc"], expected_ci - c_i, rtol=0, atol=1e-6)
+    assert messages == {}  # dc_i is a function of the update: the server computes it
 
-    # server: c += (1/N) sum dc_i over the sampled clients, N = all clients
-    other_dc = torch.randn(dim, generator=gen)
+    # server: c += (1/N) sum dc_i over the sampled clients, N = all clients, dc_i = c_i+ - c_i of each
+    # client (option II); a client without steps has dc_i = 0
+    other_delta, other_steps = 0.01 * torch.randn(dim, generator=gen), 5
+    other_dc = -c + (-other_delta) / (other_steps * LR)
     updates = [
         ClientUpdate(0, 8, steps, 0.0, w_local - w0, messages=messages),
-        ClientUpdate(1, 8, steps, 0.0, torch.zeros(dim), messages={"scaffold": {"dc": other_dc}}),
+        ClientUpdate(1, 8, other_steps, 0.0, other_delta),
+        ClientUpdate(2, 8, 0, 0.0, torch.zeros(dim)),
     ]
-    weights = torch.tensor([0.5, 0.5], dtype=torch.float64)
-    new_params, server_state = algorithm.server_step(0, w0, updates, weights, {"scaffold": {"c": c}}, num_clients=5)
+    weights = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    new_params, server_state = algorithm.server_step(
+        0, w0, updates, weights, {"scaffold": {"c": c}}, num_clients=5, learning_rate=LR
+    )
     torch.testing.assert_close(server_state["scaffold"]["c"], c + (expected_ci - c_i + other_dc) / 5, rtol=0, atol=1e-6)
-    torch.testing.assert_close(new_params, w0 + 0.5 * (w_local - w0), rtol=0, atol=1e-6)
+    torch.testing.assert_close(new_params, w0 + 0.5 * (w_local - w0) + 0.25 * other_delta, rtol=0, atol=1e-6)
+    # without the round's learning rate the server cannot recover dc_i: a clear error, not a silent c
+    with pytest.raises(ValueError, match="learning rate"):
+        algorithm.server_step(0, w0, updates, weights, {"scaffold": {"c": c}}, num_clients=5)
 
 
 def test_scaffold_first_participation_starts_from_zero_control_variate(tmp_path, tiny_model, tiny_data):
@@ -85,7 +94,7 @@ def test_scaffold_first_participation_starts_from_zero_control_variate(tmp_path,
     state, messages = algorithm.end_client(ctx, workspaces, LocalResult(params=w_local, num_steps=steps, delta=w_local - ctx.global_params))
     expected_ci = -c + (w0 - w_local) / (steps * LR)
     torch.testing.assert_close(state["scaffold"]["c_i"], expected_ci, rtol=0, atol=1e-6)
-    torch.testing.assert_close(messages["scaffold"]["dc"], expected_ci, rtol=0, atol=1e-6)
+    assert messages == {}
     assert float(c.abs().max()) > 1e-3  # c really enters the step
 
 

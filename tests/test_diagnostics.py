@@ -45,8 +45,8 @@ def test_bytes_per_round(tmp_path):
     d = trainer.space.numel * 4  # float32
     assert output.history[0]["bytes_down"] == 3 * d and output.history[0]["bytes_up"] == 3 * d
     trainer, output, _ = run_captured(tmp_path / "scaffold", fed_algorithm="scaffold")
-    # SCAFFOLD: w and c down, Delta_i and dc_i up
-    assert output.history[0]["bytes_down"] == 3 * 2 * d and output.history[0]["bytes_up"] == 3 * 2 * d
+    # SCAFFOLD: w and c down; only Delta_i up (option II's dc_i is computed by the server from Delta_i and K_i)
+    assert output.history[0]["bytes_down"] == 3 * 2 * d and output.history[0]["bytes_up"] == 3 * d
 
 
 def test_gradient_conflict_ratio(tmp_path):

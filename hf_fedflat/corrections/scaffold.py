@@ -16,8 +16,13 @@ from .. import vectors
 @register_correction
 class ScaffoldCorrection(Correction):
     """Client: ``d += lambda_c * (c - c_i)``. After the round (K steps, lr eta):
-    ``c_i+ = c_i - c + (w^t - w_i) / (K * eta)``; the message is ``dc_i = c_i+ - c_i``.
-    Server: ``c += (1/N) * sum_{S_t} dc_i`` with N all clients.
+    ``c_i+ = c_i - c + (w^t - w_i) / (K * eta)``. Server: ``c += (1/N) * sum_{S_t} dc_i`` with N all clients
+    and ``dc_i = c_i+ - c_i``.
+
+    With option II, ``dc_i = -c - Delta_i / (K_i * eta)`` is a function of the update ``Delta_i = w_i - w^t``
+    the server receives anyway, its step count ``K_i`` and the round's ``eta``: the server computes
+    ``sum dc_i`` from the updates, so clients send no ``dc_i`` (one model-sized upload per client, not two,
+    and no vector to build, check and exchange per client). A client with no step has ``dc_i = 0``.
 
     Client state: ``{"c_i"}`` (zeros before the first participation). Server state: ``{"c"}``.
     """
@@ -36,7 +41,7 @@ class ScaffoldCorrection(Correction):
         c = ctx.broadcast[self.name]["c"]
         c_i = ctx.state.get(self.name, {}).get("c_i")  # None: zeros (first participation)
         shift = c if c_i is None else torch.sub(c, c_i, out=vectors.empty_like(c))
-        return {"c": c, "c_i": c_i, "shift": shift}
+        return {"c_i": c_i, "shift": shift}
 
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         return torch.add(direction, workspace["shift"], alpha=self.scale * bias_scale, out=vectors.empty_like(direction))
@@ -45,25 +50,26 @@ class ScaffoldCorrection(Correction):
         torch._foreach_add_(grads, split(workspace["shift"]), alpha=self.scale * bias_scale)
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
-        c, c_i = workspace["c"], workspace["c_i"]
+        shift = workspace["shift"]
         if result.num_steps == 0:
-            return {"c_i": torch.zeros_like(c) if c_i is None else c_i}, {"dc": vectors.zeros_like(c)}
-        # dc_i = c_i+ - c_i = (w^t - w_i) / (K * eta) - c. Dividing the shared w_i - w^t by -K*eta gives the
-        # same bits as (w^t - w_i) / (K * eta) (IEEE subtraction and division are sign-symmetric).
-        dc = torch.div(result.delta, -(result.num_steps * ctx.learning_rate), out=vectors.empty_like(c)).sub_(c)
-        # First participation: c_i+ = 0 + dc is dc itself; state and message may share it (both are only read).
-        c_i_new = dc if c_i is None else torch.add(c_i, dc, out=vectors.empty_like(dc))
-        return {"c_i": c_i_new}, {"dc": dc}
+            c_i = workspace["c_i"]
+            return {"c_i": torch.zeros_like(shift) if c_i is None else c_i}, {}
+        # c_i+ = c_i - c + (w^t - w_i) / (K * eta) = -Delta_i / (K * eta) - (c - c_i): two passes
+        c_i_new = torch.div(result.delta, -(result.num_steps * ctx.learning_rate), out=vectors.empty_like(shift))
+        return {"c_i": c_i_new.sub_(shift)}, {}
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"c": torch.zeros_like(params)}
 
     def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
-        dcs = [update.messages[self.name]["dc"] for update in summary.updates]
-        if not dcs:
+        # c + (1/N) sum_i dc_i with dc_i = -c - Delta_i / (K_i * eta) for the clients that stepped
+        stepped = [u for u in summary.updates if u.num_steps > 0]
+        if not stepped:
             return server_state
-        # The first add writes the new c (no separate copy of the old one), the rest accumulate in place.
-        c = torch.add(server_state["c"], dcs[0], alpha=1.0 / summary.num_clients, out=vectors.empty_like(dcs[0]))
-        for dc in dcs[1:]:
-            c.add_(dc, alpha=1.0 / summary.num_clients)
+        if summary.learning_rate <= 0:
+            raise ValueError(f"SCAFFOLD's server update needs the round's learning rate, got {summary.learning_rate}")
+        n = summary.num_clients
+        c = torch.mul(server_state["c"], 1.0 - len(stepped) / n, out=vectors.empty_like(server_state["c"]))
+        for update in stepped:
+            c.add_(update.delta, alpha=-1.0 / (n * update.num_steps * summary.learning_rate))
         return {"c": c}
