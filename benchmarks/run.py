@@ -251,7 +251,7 @@ def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunT
     """FedAvg written as a plain PyTorch loop: the lower bound for the same mathematics.
 
     ``scaffold=True``: SCAFFOLD written the same way (``g + c - c_i`` before clipping, option II's
-    ``c_i+ = -Delta_i / (K eta) - (c - c_i)``, ``c += sum dc_i / N`` with ``dc_i = -c - Delta_i / (K eta)``
+    ``c_i+ = (c_i - c) - Delta_i / (K eta)``, ``c += sum dc_i / N`` with ``dc_i = -c - Delta_i / (K eta)``
     computed from the updates), the floor for SCAFFOLD's own extra arithmetic on this setting.
 
     Per round: the same sampled clients; per client: load the global weights, one pass of shuffled
@@ -286,15 +286,15 @@ def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunT
             loader = DataLoader(subset, batch_size=setting.batch_size, sampler=sampler)
             if scaffold:
                 c_i = c_clients.get(client_id)
-                shift_flat = c if c_i is None else c - c_i
-                shift = [t.view_as(p) for t, p in zip(shift_flat.split([p.numel() for p in params]), params)]
+                c_i_minus_c = -c if c_i is None else c_i - c  # the step adds c - c_i
+                shift = [t.view_as(p) for t, p in zip(c_i_minus_c.split([p.numel() for p in params]), params)]
             client_steps = 0
             for _ in range(epochs):
                 for batch in loader:
                     loss = model(pixel_values=batch["pixel_values"], labels=batch["labels"]).loss
                     loss.backward()
                     if scaffold:
-                        torch._foreach_add_([p.grad for p in params], shift)
+                        torch._foreach_add_([p.grad for p in params], shift, alpha=-1.0)
                     torch.nn.utils.clip_grad_norm_(params, setting.max_grad_norm)
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
@@ -304,7 +304,7 @@ def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunT
             delta = local - global_params
             total_delta.add_(delta, alpha=weight)
             if scaffold:
-                c_clients[client_id] = (delta / -(client_steps * setting.learning_rate)).sub_(shift_flat)
+                c_clients[client_id] = torch.sub(c_i_minus_c, delta, alpha=1.0 / (client_steps * setting.learning_rate))
                 stepped.append((delta, client_steps))
         global_params = global_params + total_delta
         if scaffold:

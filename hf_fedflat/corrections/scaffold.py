@@ -40,23 +40,30 @@ class ScaffoldCorrection(Correction):
     def begin(self, ctx: ClientContext) -> dict[str, Tensor]:
         c = ctx.broadcast[self.name]["c"]
         c_i = ctx.state.get(self.name, {}).get("c_i")  # None: zeros (first participation)
-        shift = c if c_i is None else torch.sub(c, c_i, out=vectors.empty_like(c))
-        return {"c_i": c_i, "shift": shift}
+        # The step adds c - c_i; the workspace keeps c_i - c, from which end() makes c_i+ in one pass.
+        c_i_minus_c = vectors.empty_like(c)
+        if c_i is None:
+            torch.neg(c, out=c_i_minus_c)
+        else:
+            torch.sub(c_i, c, out=c_i_minus_c)
+        return {"c_i": c_i, "c_i_minus_c": c_i_minus_c}
 
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
-        return torch.add(direction, workspace["shift"], alpha=self.scale * bias_scale, out=vectors.empty_like(direction))
+        return torch.sub(direction, workspace["c_i_minus_c"], alpha=self.scale * bias_scale,
+                         out=vectors.empty_like(direction))
 
     def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
-        torch._foreach_add_(grads, split(workspace["shift"]), alpha=self.scale * bias_scale)
+        torch._foreach_add_(grads, split(workspace["c_i_minus_c"]), alpha=-self.scale * bias_scale)
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
-        shift = workspace["shift"]
+        c_i_minus_c = workspace["c_i_minus_c"]
         if result.num_steps == 0:
             c_i = workspace["c_i"]
-            return {"c_i": torch.zeros_like(shift) if c_i is None else c_i}, {}
-        # c_i+ = c_i - c + (w^t - w_i) / (K * eta) = -Delta_i / (K * eta) - (c - c_i): two passes
-        c_i_new = torch.div(result.delta, -(result.num_steps * ctx.learning_rate), out=vectors.empty_like(shift))
-        return {"c_i": c_i_new.sub_(shift)}, {}
+            return {"c_i": torch.zeros_like(c_i_minus_c) if c_i is None else c_i}, {}
+        # c_i+ = c_i - c + (w^t - w_i) / (K * eta) = (c_i - c) - Delta_i / (K * eta): one pass
+        c_i_new = torch.sub(c_i_minus_c, result.delta, alpha=1.0 / (result.num_steps * ctx.learning_rate),
+                            out=vectors.empty_like(c_i_minus_c))
+        return {"c_i": c_i_new}, {}
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"c": torch.zeros_like(params)}
