@@ -95,7 +95,13 @@ class VectorRecycler:
         return None
 
 
-_active: VectorRecycler | None = None
+class _ActiveRecycler(threading.local):
+    """The recycler of the run in this thread: two runs in two threads of one process keep their own."""
+
+    recycler: VectorRecycler | None = None
+
+
+_active = _ActiveRecycler()
 
 
 @contextlib.contextmanager
@@ -105,18 +111,18 @@ def recycle_vectors(numel: int, dtype: torch.dtype, device: torch.device | str,
 
     ``max_bytes``: memory kept in recycled storages (default ``RECYCLER_MAX_BYTES``; 0 turns recycling off).
     """
-    global _active
     budget = RECYCLER_MAX_BYTES if max_bytes is None else max_bytes
-    previous, _active = _active, VectorRecycler(numel, dtype, device, budget)
+    previous = _active.recycler
+    _active.recycler = recycler = VectorRecycler(numel, dtype, device, budget)
     try:
-        yield _active
+        yield recycler
     finally:
-        _active = previous
+        _active.recycler = previous
 
 
 def empty(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A flat vector with undefined contents (recycled when a recycler of this size is active)."""
-    recycler = _active
+    recycler = _active.recycler
     if recycler is not None and recycler.numel == numel and recycler.dtype == dtype and recycler.device == torch.device(device):
         return recycler.empty()
     return torch.empty(numel, dtype=dtype, device=device)
@@ -124,7 +130,7 @@ def empty(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.T
 
 def empty_like(like: torch.Tensor) -> torch.Tensor:
     """``torch.empty_like`` for flat vectors, recycled when a recycler of this size is active."""
-    recycler = _active
+    recycler = _active.recycler
     if recycler is not None and like.dim() == 1 and recycler.matches(like):
         return recycler.empty()
     return torch.empty_like(like)

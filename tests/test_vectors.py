@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -74,7 +76,33 @@ def test_module_helpers_recycle_only_inside_the_block_and_only_matching_vectors(
             assert vectors.empty_like(torch.ones(7)).shape == (7,)
         assert inner.reused == 0
         assert recycler.reused == 2
-    assert vectors._active is None
+    assert vectors._active.recycler is None
+
+
+def test_each_thread_recycles_with_its_own_recycler():
+    """Two runs in two threads of one process: neither sees (nor, leaving its block, removes) the other's."""
+    entered, other_done = threading.Event(), threading.Event()
+    seen = {}
+
+    def other_run():
+        with recycle_vectors(N, torch.float32, "cpu") as mine:
+            entered.set()
+            other_done.wait(5)
+            seen["other"] = vectors._active.recycler is mine
+
+    with recycle_vectors(N, torch.float32, "cpu") as recycler:
+        thread = threading.Thread(target=other_run)
+        thread.start()
+        assert entered.wait(5)
+        assert vectors._active.recycler is recycler  # the other thread's block did not replace it
+        other_done.set()
+        thread.join(5)
+        assert vectors._active.recycler is recycler  # nor did leaving it
+        a = vectors.empty_like(torch.ones(N))
+        address = a.data_ptr()
+        del a
+        assert vectors.empty_like(torch.ones(N)).data_ptr() == address
+    assert seen == {"other": True}
 
 
 class KeepUpdates(FederatedCallback):
