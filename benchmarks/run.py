@@ -29,12 +29,14 @@ epoch, batch 16, SGD lr 0.05, clipping at norm 10, no evaluation, every run from
 
 Timing: ``time.perf_counter`` per round (from ``on_round_begin`` to ``on_round_end``: payload, local
 training, aggregation, client-state store, the history write); round 0 of every run is a warm-up and is
-not timed. The runs of 1 and 2 go round-robin (plain loop, FedAvg, then each algorithm, the order rotated
-every repeat) and each round keeps its fastest time over the repeats: every repeat does identical work
-per round, and the minimum is the time least disturbed by the other processes of a shared machine.
-CPU seconds per round (``time.process_time``) are recorded too: a second view that other processes
-disturb less. ``--threads`` (default 1) torch threads in this process, ``OMP_NUM_THREADS`` for the
-children: the same for both sides of every ratio. The machine's load average is recorded per section.
+not timed. The runs of 1, 2 and 6 go in lock-step: every side in a thread of its own, the threads taking
+turns round by round (only one runs at a time), so round ``t`` of every side runs within the same second
+or two; this VM's speed drifts by tens of percent over tens of seconds, which with whole runs in turn
+fell on whichever side ran in a slow minute. The order of turns is rotated every repeat and each round
+keeps its fastest time over the repeats (every repeat does identical work per round).
+CPU seconds per round (``time.process_time``) are recorded too. ``--threads`` (default 1) torch threads
+in this process, ``OMP_NUM_THREADS`` for the children: the same for both sides of every ratio. The
+machine's load average is recorded per section.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -173,6 +176,13 @@ def load_average() -> list[float]:
 # ------------------------------------------------------------------------------------------------
 # Timing record
 # ------------------------------------------------------------------------------------------------
+#: called by a side with the index of the round it is about to begin (and time); see :class:`LockStep`
+RoundGate = Callable[[int], None]
+
+
+def no_gate(round_index: int) -> None:
+    """A side run on its own: nothing to wait for between rounds."""
+
 @dataclass
 class RunTiming:
     """Per-round wall and CPU times and work of one run; round 0 is the warm-up."""
@@ -247,7 +257,7 @@ def best_of(runs: list[RunTiming]) -> RunTiming:
 # ------------------------------------------------------------------------------------------------
 # The plain PyTorch loop
 # ------------------------------------------------------------------------------------------------
-def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunTiming:
+def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False, before_round: RoundGate = no_gate) -> RunTiming:
     """FedAvg written as a plain PyTorch loop: the lower bound for the same mathematics.
 
     ``scaffold=True``: SCAFFOLD written the same way (``g + c - c_i`` before clipping, option II's
@@ -272,6 +282,7 @@ def run_plain_loop(setting: Setting, data: Data, scaffold: bool = False) -> RunT
     c = torch.zeros_like(global_params)
     c_clients: dict[int, torch.Tensor] = {}
     for round_index in range(setting.num_rounds):
+        before_round(round_index)
         start, cpu_start = time.perf_counter(), time.process_time()
         clients = round_clients(setting, round_index)
         total_delta = torch.zeros_like(global_params)
@@ -382,9 +393,19 @@ def federated_arguments(setting: Setting, algorithm: str, output_dir: str, **ove
     return FedTrainingArguments(**values)
 
 
+class BeforeRound(FederatedCallback):
+    """Calls ``before_round(round_index)`` as a round begins, before :class:`RoundClock` starts timing it."""
+
+    def __init__(self, before_round: RoundGate):
+        self.before_round = before_round
+
+    def on_round_begin(self, trainer, round_index, clients, **kwargs):
+        self.before_round(round_index)
+
+
 def run_federated(setting: Setting, data: Data, algorithm: str = "fedavg", profile_round: int | None = None,
                   instrument: Callable[[FederatedTrainer, RunTiming], None] | None = None,
-                  ) -> tuple[RunTiming, cProfile.Profile | None]:
+                  before_round: RoundGate = no_gate) -> tuple[RunTiming, cProfile.Profile | None]:
     """``FederatedTrainer.train()`` with ``algorithm``; training only (``eval_dataset=None``).
 
     ``instrument(trainer, timing)`` runs after the trainer is built (e.g. to time its aggregator).
@@ -394,7 +415,7 @@ def run_federated(setting: Setting, data: Data, algorithm: str = "fedavg", profi
     with tempfile.TemporaryDirectory(prefix="hf_fedflat_bench_") as output_dir:
         args = federated_arguments(setting, algorithm, output_dir)
         trainer = FederatedTrainer(fresh_model(setting), args, data.train, None,
-                                   partition=data.partition, callbacks=[clock])
+                                   partition=data.partition, callbacks=[BeforeRound(before_round), clock])
         if instrument is not None:
             instrument(trainer, timing)
         output = trainer.train()
@@ -419,7 +440,7 @@ def naive_training_arguments(setting: Setting, output_dir: str, seed: int) -> Tr
     )
 
 
-def run_naive_trainer(setting: Setting, data: Data) -> RunTiming:
+def run_naive_trainer(setting: Setting, data: Data, before_round: RoundGate = no_gate) -> RunTiming:
     """FedAvg with a NEW ``TrainingArguments`` and ``transformers.Trainer`` per client per round.
 
     Same model object (global weights loaded in place, as such examples do with
@@ -434,6 +455,7 @@ def run_naive_trainer(setting: Setting, data: Data) -> RunTiming:
     timing = RunTiming("naive_trainer")
     with tempfile.TemporaryDirectory(prefix="hf_fedflat_bench_naive_") as output_dir:
         for round_index in range(setting.num_rounds):
+            before_round(round_index)
             start, cpu_start = time.perf_counter(), time.process_time()
             clients = round_clients(setting, round_index)
             total_delta = torch.zeros_like(global_params)
@@ -475,24 +497,91 @@ def warm_up_process(setting: Setting, data: Data, algorithms) -> None:
     run_plain_loop(short, data)
 
 
-def round_robin(runners: dict[str, Callable[[], RunTiming]], repeats: int, section: str) -> dict[str, RunTiming]:
-    """Run every side ``repeats`` times, round-robin, the order rotated (and reversed) every repeat, so a
-    drift of the machine's speed hits all sides alike; each side's best-of-rounds timing.
+class LockStep:
+    """The sides of a comparison in threads that take turns round by round; only the turn's holder runs.
+
+    A side hands the turn on as its next round is about to begin (so its untimed work between rounds
+    also runs alone) and when it returns. Round ``t`` of every side then runs within one cycle of turns
+    (1-2 s here) instead of one whole run after another: the speed of this VM drifts by tens of percent
+    over tens of seconds (the same run measured 1167, 1547 and 1763 ms/round within two minutes), which
+    with whole runs in turn lands on whichever side ran in a slow minute.
+    """
+
+    def __init__(self, names: list[str]):
+        self.names = list(names)
+        self._turn = 0
+        self._finished: set[str] = set()
+        self._condition = threading.Condition()
+
+    def wait(self, name: str) -> None:
+        with self._condition:
+            self._condition.wait_for(lambda: self.names[self._turn] == name)
+
+    def hand_on(self, name: str, finished: bool = False) -> None:
+        """``name`` gives the turn to the next side that has not finished."""
+        with self._condition:
+            if finished:
+                self._finished.add(name)
+            if len(self._finished) < len(self.names):
+                turn = self._turn
+                while True:
+                    turn = (turn + 1) % len(self.names)
+                    if self.names[turn] not in self._finished:
+                        break
+                self._turn = turn
+            self._condition.notify_all()
+
+    def gate(self, name: str) -> RoundGate:
+        """``name``'s ``before_round``: from round 1 on, let every other side run its round first."""
+        def before_round(round_index: int) -> None:
+            if round_index > 0:
+                self.hand_on(name)
+                self.wait(name)
+        return before_round
+
+    def run(self, runners: dict[str, Callable[[RoundGate], RunTiming]]) -> dict[str, RunTiming]:
+        results: dict[str, RunTiming] = {}
+        errors: list[BaseException] = []
+
+        def side(name: str) -> None:
+            self.wait(name)
+            try:
+                results[name] = runners[name](self.gate(name))
+            except BaseException as error:  # re-raised by the main thread once every side has ended
+                errors.append(error)
+            finally:
+                self.hand_on(name, finished=True)
+
+        threads = [threading.Thread(target=side, args=(name,), name=f"bench-{name}") for name in self.names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+def lock_step_repeats(runners: dict[str, Callable[[RoundGate], RunTiming]], repeats: int, section: str) -> dict[str, RunTiming]:
+    """Run every side ``repeats`` times in lock-step (:class:`LockStep`), the order of turns rotated (and
+    reversed) every repeat, so no side always follows the same one; each side's best-of-rounds timing.
 
     Python's automatic garbage collection stays on (it is part of the real cost), but a full
-    collection is done before each run, outside the timing.
+    collection is done before each repeat, outside the timing.
     """
     names = list(runners)
     runs: dict[str, list[RunTiming]] = {name: [] for name in names}
     for repeat in range(repeats):
         shift = repeat % len(names)
         order = names[shift:] + names[:shift]
-        for name in order if repeat % 2 == 0 else order[::-1]:
-            gc.collect()
-            t0 = time.perf_counter()
-            runs[name].append(runners[name]())
-            log(f"{section}: repeat {repeat + 1}/{repeats} {name}: {runs[name][-1].seconds_per_round * 1000:.1f} "
-                f"ms/round ({time.perf_counter() - t0:.1f} s total), load {load_average()[0]}")
+        order = order if repeat % 2 == 0 else order[::-1]
+        gc.collect()
+        t0 = time.perf_counter()
+        results = LockStep(order).run(runners)
+        for name in order:
+            runs[name].append(results[name])
+        log(f"{section}: repeat {repeat + 1}/{repeats} ({time.perf_counter() - t0:.1f} s): " + ", ".join(
+            f"{name} {results[name].seconds_per_round * 1000:.1f}" for name in names) + f" ms/round, load {load_average()[0]}")
     return {name: best_of(series) for name, series in runs.items()} | {"_runs": runs}
 
 
@@ -542,14 +631,15 @@ def profile_report(profiler: cProfile.Profile, limit: int = 35) -> str:
 # Sections
 # ------------------------------------------------------------------------------------------------
 def section_speed(setting: Setting, data: Data, repeats: int, algorithms: dict[str, float]) -> list[dict]:
-    """Targets 1 and 2 (per-round time): plain loop, FedAvg and every algorithm, round-robin."""
+    """Targets 1 and 2 (per-round time): plain loop, FedAvg and every algorithm, in lock-step."""
     load_before = load_average()
-    runners: dict[str, Callable[[], RunTiming]] = {"plain_loop": lambda: run_plain_loop(setting, data)}
+    runners: dict[str, Callable[[RoundGate], RunTiming]] = {
+        "plain_loop": lambda gate: run_plain_loop(setting, data, before_round=gate)}
     if "scaffold" in algorithms:  # SCAFFOLD's own arithmetic, written as a plain loop (its floor here)
-        runners["plain_scaffold"] = lambda: run_plain_loop(setting, data, scaffold=True)
+        runners["plain_scaffold"] = lambda gate: run_plain_loop(setting, data, scaffold=True, before_round=gate)
     for algorithm in ("fedavg", *algorithms):
-        runners[algorithm] = (lambda a: lambda: run_federated(setting, data, a)[0])(algorithm)
-    best = round_robin(runners, repeats, "speed")
+        runners[algorithm] = (lambda a: lambda gate: run_federated(setting, data, a, before_round=gate)[0])(algorithm)
+    best = lock_step_repeats(runners, repeats, "speed")
     runs = best.pop("_runs")
     env = {"load_avg_before": load_before, "load_avg_after": load_average(), "torch_threads": torch.get_num_threads()}
     records = [ratio_record("fedavg_vs_plain_loop", 1.10, False, "fedavg / plain loop", best["fedavg"],
@@ -799,8 +889,9 @@ def section_lora() -> list[dict]:
 def section_naive(setting: Setting, data: Data, repeats: int) -> list[dict]:
     """Target 6: a new Trainer per client per round / FederatedTrainer (FedAvg)."""
     load_before = load_average()
-    best = round_robin({"naive_trainer": lambda: run_naive_trainer(setting, data),
-                        "fedavg": lambda: run_federated(setting, data, "fedavg")[0]}, repeats, "naive")
+    best = lock_step_repeats({"naive_trainer": lambda gate: run_naive_trainer(setting, data, before_round=gate),
+                        "fedavg": lambda gate: run_federated(setting, data, "fedavg", before_round=gate)[0]},
+                       repeats, "naive")
     runs = best.pop("_runs")
     return [ratio_record("naive_trainer_per_client_speedup", 1.0, True, "speed-up: naive / ours", best["naive_trainer"],
                          best["fedavg"], runs, same_math=True,
@@ -860,7 +951,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", default=str(REPO_ROOT / "benchmarks" / "results.json"), help="JSON results file.")
     parser.add_argument("--rounds", type=int, default=None,
                         help="Rounds per timed run, incl. the warm-up round (default 20, quick 10).")
-    parser.add_argument("--repeats", type=int, default=None, help="Round-robin repeats (default 5, quick 3).")
+    parser.add_argument("--repeats", type=int, default=None, help="Lock-step repeats of the speed and naive sections (default 5, quick 2).")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads in this process (and OMP_NUM_THREADS of the children). Default 1: on a "
                              "shared 2-core machine two threads per process oversubscribe the cores.")
@@ -876,7 +967,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if unknown:
         raise SystemExit(f"--only: unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     rounds = opts.rounds or (10 if opts.quick else 20)
-    repeats = opts.repeats or (3 if opts.quick else 5)
+    repeats = opts.repeats or (2 if opts.quick else 5)
     if rounds < 2 or repeats < 1:
         raise SystemExit("rounds must be >= 2 (round 0 is the warm-up) and repeats >= 1")
     torch.set_num_threads(opts.threads)
