@@ -108,3 +108,21 @@ def test_empty_and_one_sample_clients(tmp_path):
     assert record["clients"] == [1, 2, 3]
     one = next(u for u in capture.updates[0] if u.client_id == 1)
     assert one.num_samples == 1 and one.num_steps == 2 and one.delta.abs().max() > 0  # trained on its one sample
+
+
+def test_clients_without_a_full_batch_under_drop_last_are_skipped_with_the_reason(tmp_path, caplog):
+    """``dataloader_drop_last`` leaves a client smaller than a batch no batch at all: it is skipped up front with
+    a message that says so (the Trainer itself would raise "max_steps must be set" from deep inside)."""
+    rows = np.arange(len(TRAIN))
+    labels = np.asarray(TRAIN["labels"])
+    indices = [rows[:3], rows[3:40], rows[40:96]]
+    counts = np.stack([np.bincount(labels[i], minlength=3) for i in indices])
+    partition = ClientPartition(indices, counts, "iid", None, 0, ["0", "1", "2"], num_rows=len(TRAIN))
+    with caplog.at_level(logging.WARNING, logger="hf_fedflat"):
+        trainer, capture = make(tmp_path, partition=partition, num_clients=3, clients_per_round=3, num_rounds=1,
+                                dataloader_drop_last=True)
+    assert "1 of 3 clients have fewer rows than one batch (4)" in caplog.text
+    record = trainer.train().history[0]
+    assert record["failed_clients"] == [{"client": 0, "reason": "3 rows, fewer than one batch of 4 with "
+                                                                "dataloader_drop_last: skipped"}]
+    assert record["clients"] == [1, 2] and all(u.num_steps == 2 for u in capture.updates[0])

@@ -133,6 +133,11 @@ class FederatedTrainer:
             raise ValueError(f"num_clients: the partition has {partition.num_clients} clients, args say {args.num_clients}.")
         self.partition = partition
         self.client_sizes = [int(n) for n in partition.num_samples]
+        batch = args.per_device_train_batch_size
+        if args.dataloader_drop_last and any(0 < n < batch for n in self.client_sizes):
+            small = sum(0 < n < batch for n in self.client_sizes)
+            logger.warning("%d of %d clients have fewer rows than one batch (%d) and dataloader_drop_last is set: "
+                           "they will be skipped whenever sampled", small, len(self.client_sizes), batch)
         self._client_datasets: dict[int, Any] = {}  # index views, built once per client
         #: seconds per client predicted from earlier clients' times (main process; splits rounds across processes)
         self.cost_model = ClientCostModel()
@@ -260,9 +265,13 @@ class FederatedTrainer:
 
     def _train_client_safely(self, client_id, round_index, *args) -> tuple[ClientUpdate | None, str | None]:
         """``(update, None)``, or ``(None, reason)`` for a client that must not be aggregated: its training
-        raised, its update is not finite or its norm exceeds ``max_update_norm``, or it has no data."""
+        raised, its update is not finite or its norm exceeds ``max_update_norm``, or it has no data (with
+        ``dataloader_drop_last``: not one full batch)."""
         if self.client_sizes[client_id] == 0:
             return None, "empty dataset: skipped"
+        if self.local_work(client_id)[0] == 0:  # only with drop_last: no full batch, nothing to train on
+            return None, (f"{self.client_sizes[client_id]} rows, fewer than one batch of "
+                          f"{self.args.per_device_train_batch_size} with dataloader_drop_last: skipped")
         try:
             update = self.train_client(client_id, round_index, *args)
         except Exception as error:  # one bad client must not end the run (KeyboardInterrupt still does)
