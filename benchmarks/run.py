@@ -183,6 +183,7 @@ RoundGate = Callable[[int], None]
 def no_gate(round_index: int) -> None:
     """A side run on its own: nothing to wait for between rounds."""
 
+
 @dataclass
 class RunTiming:
     """Per-round wall and CPU times and work of one run; round 0 is the warm-up."""
