@@ -13,7 +13,7 @@ from transformers import set_seed
 
 from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer
 from hf_fedflat.training import ParameterSpace
-from hf_fedflat.training.client_trainer import HeapTrimmer, resident_set_bytes
+from hf_fedflat.training.client_trainer import HeapTrimmer, malloc_in_use_bytes, resident_set_bytes
 from hf_fedflat.training.parameters import all_finite
 
 from conftest import TinyClassifier
@@ -140,6 +140,23 @@ def test_heap_trimmer_trims_only_past_its_slack():
     # the resident set is read on the first and every check_every-th call only
     sparse = HeapTrimmer(slack_bytes=-1, min_calls_between=1, check_every=4)
     assert [sparse.maybe_trim() for _ in range(9)] == [True, False, False, False, True, False, False, False, True]
+
+
+def test_heap_trimmer_does_not_trim_for_live_growth():
+    """Memory a run holds (client states, caches) is not freed memory: growing by it must not set off trims."""
+    trimmer = HeapTrimmer(slack_bytes=64 * 2**20, min_calls_between=1, check_every=1)
+    before = resident_set_bytes()
+    held = [torch.ones(2**16) for _ in range(800)]  # 200 MiB of 256 KiB tensors, all still referenced
+    if trimmer._malloc_trim is None:  # no glibc / no /proc: a no-op
+        assert not trimmer.maybe_trim()
+        return
+    if malloc_in_use_bytes() is None:  # glibc < 2.33 cannot say what is live: the resident set's growth decides
+        assert trimmer.maybe_trim()
+        return
+    assert resident_set_bytes() - before > 150 * 2**20  # resident growth alone (the old rule) would trim here
+    assert not trimmer.maybe_trim() and trimmer.trims == 0
+    assert abs(HeapTrimmer.unused_resident_bytes() - trimmer._baseline) < 32 * 2**20
+    del held
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "fedlesam_d"])
