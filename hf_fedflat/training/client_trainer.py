@@ -492,13 +492,18 @@ class _MallInfo2(ctypes.Structure):
 
 
 @functools.lru_cache(maxsize=None)
-def _find_mallinfo2():
+def _libc():
+    """The C library, or None where it cannot be loaded."""
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
+        return ctypes.CDLL(name) if name else None
     except OSError:
         return None
-    mallinfo2 = getattr(libc, "mallinfo2", None)
+
+
+@functools.lru_cache(maxsize=None)
+def _find_mallinfo2():
+    mallinfo2 = getattr(_libc(), "mallinfo2", None)
     if mallinfo2 is not None:
         mallinfo2.argtypes, mallinfo2.restype = [], _MallInfo2
     return mallinfo2
@@ -516,12 +521,7 @@ def malloc_in_use_bytes() -> int | None:
 
 @functools.lru_cache(maxsize=None)
 def _find_malloc_trim():
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    trim = getattr(libc, "malloc_trim", None)
+    trim = getattr(_libc(), "malloc_trim", None)
     if trim is None or not resident_set_bytes():
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
