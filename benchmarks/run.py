@@ -890,9 +890,9 @@ def section_lora() -> list[dict]:
 def section_naive(setting: Setting, data: Data, repeats: int) -> list[dict]:
     """Target 6: a new Trainer per client per round / FederatedTrainer (FedAvg)."""
     load_before = load_average()
-    best = lock_step_repeats({"naive_trainer": lambda gate: run_naive_trainer(setting, data, before_round=gate),
-                        "fedavg": lambda gate: run_federated(setting, data, "fedavg", before_round=gate)[0]},
-                       repeats, "naive")
+    runners = {"naive_trainer": lambda gate: run_naive_trainer(setting, data, before_round=gate),
+               "fedavg": lambda gate: run_federated(setting, data, "fedavg", before_round=gate)[0]}
+    best = lock_step_repeats(runners, repeats, "naive")
     runs = best.pop("_runs")
     return [ratio_record("naive_trainer_per_client_speedup", 1.0, True, "speed-up: naive / ours", best["naive_trainer"],
                          best["fedavg"], runs, same_math=True,
@@ -952,7 +952,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", default=str(REPO_ROOT / "benchmarks" / "results.json"), help="JSON results file.")
     parser.add_argument("--rounds", type=int, default=None,
                         help="Rounds per timed run, incl. the warm-up round (default 20, quick 10).")
-    parser.add_argument("--repeats", type=int, default=None, help="Lock-step repeats of the speed and naive sections (default 5, quick 2).")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="Lock-step repeats of the speed and naive sections (default 5, quick 2).")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads in this process (and OMP_NUM_THREADS of the children). Default 1: on a "
                              "shared 2-core machine two threads per process oversubscribe the cores.")

@@ -134,8 +134,8 @@ class FederatedTrainer:
         self.partition = partition
         self.client_sizes = [int(n) for n in partition.num_samples]
         batch = args.per_device_train_batch_size
-        if args.dataloader_drop_last and any(0 < n < batch for n in self.client_sizes):
-            small = sum(0 < n < batch for n in self.client_sizes)
+        small = sum(0 < n < batch for n in self.client_sizes) if args.dataloader_drop_last else 0
+        if small:
             logger.warning("%d of %d clients have fewer rows than one batch (%d) and dataloader_drop_last is set: "
                            "they will be skipped whenever sampled", small, len(self.client_sizes), batch)
         self._client_datasets: dict[int, Any] = {}  # index views, built once per client
