@@ -126,3 +126,33 @@ def test_clients_without_a_full_batch_under_drop_last_are_skipped_with_the_reaso
     assert record["failed_clients"] == [{"client": 0, "reason": "3 rows, fewer than one batch of 4 with "
                                                                 "dataloader_drop_last: skipped"}]
     assert record["clients"] == [1, 2] and all(u.num_steps == 2 for u in capture.updates[0])
+
+
+def test_a_non_finite_new_state_is_caught_and_a_handed_back_global_model_is_not_checked_again(tmp_path, monkeypatch):
+    import hf_fedflat.federation.trainer as trainer_module
+
+    # SCAFFOLD: a NaN in the new c_i (not in the update) excludes the client and its state is not written
+    trainer, _ = make(tmp_path / "scaffold", num_rounds=1)
+    original = trainer.train_client
+
+    def nan_state(client_id, *args, **kwargs):
+        update = original(client_id, *args, **kwargs)
+        if client_id == 3:
+            update.state["scaffold"]["c_i"][0] = float("nan")
+        return update
+
+    trainer.train_client = nan_state
+    record = trainer.train().history[0]
+    assert [f["client"] for f in record["failed_clients"]] == [3] and "NaN or Inf" in record["failed_clients"][0]["reason"]
+    assert trainer.store.get(3) == {} and trainer.store.get(2)
+
+    # FedLESAM hands w^t back as w_old_i: checked once by the server's run, not again per client
+    checked = []
+    real_all_finite = trainer_module.all_finite
+    monkeypatch.setattr(trainer_module, "all_finite", lambda tensors: checked.append(list(tensors)) or real_all_finite(tensors))
+    trainer, capture = make(tmp_path / "lesam", fed_algorithm="fedlesam", num_rounds=1)
+    trainer.train()
+    start = capture.starts[0]
+    assert len(checked) == 6 and all(len(tensors) == 1 for tensors in checked)  # the update's delta alone
+    assert {id(tensors[0]) for tensors in checked} == {id(update.delta) for update in capture.updates[0]}
+    assert all(torch.equal(trainer.store.get(c)["lesam"]["w_old"], start) for c in range(6))

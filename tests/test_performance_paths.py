@@ -121,6 +121,31 @@ def test_parameter_space_out_buffers_equal_fresh_vectors():
     assert torch.equal(space.split(grad)[1], torch.zeros(5))
 
 
+def test_shifted_parameters_give_the_gradient_at_w_plus_offset_and_w_back_exactly():
+    torch.manual_seed(0)
+    model, reference = TinyClassifier(), TinyClassifier()
+    space, reference_space = ParameterSpace(model), ParameterSpace(reference)
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 0])
+    w = space.flatten()
+    storages = [p.data_ptr() for p in space.params]
+    offset = torch.randn(space.numel) * 0.3
+    # the reference: a second model whose weights are w + offset (the same addition)
+    reference_space.load_(torch.add(w, offset))
+    reference(x, labels=y)["loss"].backward()
+    out = torch.full((space.numel,), 7.0)
+    with space.shifted(offset, out_views=space.split(out)):
+        assert torch.equal(space.flatten(), torch.add(w, offset)) and torch.equal(out, torch.add(w, offset))
+        model(x, labels=y)["loss"].backward()
+    assert torch.equal(space.flatten(), w)  # bit for bit, in the parameters' own storage
+    assert [p.data_ptr() for p in space.params] == storages
+    assert torch.equal(space.grad(), reference_space.grad())
+    # restored when the pass raises, too
+    with pytest.raises(RuntimeError, match="boom"):
+        with space.shifted(offset):
+            raise RuntimeError("boom")
+    assert torch.equal(space.flatten(), w) and [p.data_ptr() for p in space.params] == storages
+
+
 def test_heap_trimmer_trims_only_past_its_slack():
     eager, lazy = HeapTrimmer(slack_bytes=-1, min_calls_between=1, check_every=1), HeapTrimmer(slack_bytes=2**50)
     if eager._malloc_trim is None:  # no glibc / no /proc: a no-op

@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -278,8 +279,11 @@ class FederatedTrainer:
             logger.warning("Round %d: client %d raised during local training", round_index + 1, client_id,
                            exc_info=True)
             return None, f"training raised {type(error).__name__}: {error}"
+        # What the client received (w^t, the broadcast, its stored state) is finite already: a piece handing one
+        # back as its new state (LESAM's w_old_i is w^t) costs no second pass over it per client.
+        received = {_memory_of(t) for t in _tensors_in(args)}
         tensors = [update.delta, *(t for part in (update.messages, update.state) for d in part.values() for t in d.values())]
-        if not all_finite(tensors):
+        if not all_finite([t for t in tensors if _memory_of(t) not in received]):
             return None, "update contains NaN or Inf"
         limit = self.args.max_update_norm
         if limit is not None:
@@ -645,3 +649,19 @@ def _decode_updates(tensors: dict[str, torch.Tensor]) -> list[ClientUpdate]:
             buffers=part.get("buffers"),
         ))
     return updates
+
+
+def _memory_of(tensor: torch.Tensor) -> tuple:
+    """Which memory a tensor reads (the same for a tensor and its ``detach()``)."""
+    return tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.device
+
+
+def _tensors_in(values) -> Iterator[torch.Tensor]:
+    """The tensors in ``values``, in nested dicts, lists and tuples."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):
+            yield from _tensors_in(value.values())
+        elif isinstance(value, (list, tuple)):
+            yield from _tensors_in(value)

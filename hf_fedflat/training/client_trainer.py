@@ -346,14 +346,13 @@ class ClientTrainer(Trainer):
 
         def grad_at(offset: torch.Tensor | None):
             space.clear_grad()
-            if offset is not None:
-                params = current_params()
-                space.add_(offset)
             self.gradient_passes += 1
-            loss = Trainer.training_step(self, model, inputs, num_items_in_batch)
-            if offset is not None:
-                # restore from the copy: exact, unlike subtracting offset
-                space.load_(params, views=self._scratch("params")[1] if reuse else None)
+            if offset is None:
+                loss = Trainer.training_step(self, model, inputs, num_items_in_batch)
+            else:
+                shifted = self._scratch("shifted")
+                with space.shifted(offset, out_views=shifted and shifted[1]):
+                    loss = Trainer.training_step(self, model, inputs, num_items_in_batch)
             # A fresh vector per pass (perturbations combine several passes' gradients). Letting the backward
             # accumulate into a preallocated flat buffer instead was measured slower on a CPU: autograd then
             # adds each new gradient into the buffer (an extra pass) instead of keeping the tensor it made.
@@ -374,14 +373,12 @@ class ClientTrainer(Trainer):
         algorithm, space, workspaces = self.algorithm, self.space, self.workspaces
         self.in_place_steps += 1
         offset = algorithm.perturbation.fixed_offset(workspaces[algorithm.perturbation.name])
-        saved = None
-        if offset is not None:
-            saved = space.flatten(out=self._scratch("params")[0])
-            space.add_(offset, views=self._workspace_views(offset))
         self.gradient_passes += 1
-        loss = Trainer.training_step(self, model, inputs, num_items_in_batch)
-        if saved is not None:
-            space.load_(saved, views=self._scratch("params")[1])  # exact, unlike subtracting the offset
+        if offset is None:
+            loss = Trainer.training_step(self, model, inputs, num_items_in_batch)
+        else:
+            with space.shifted(offset, self._workspace_views(offset), self._scratch("shifted")[1]):
+                loss = Trainer.training_step(self, model, inputs, num_items_in_batch)
         grads = [p.grad for p in space.params]
         if any(g is None for g in grads):  # a parameter without gradient: the flat path fills in zeros
             space.set_grad_(space.grad())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -70,6 +71,32 @@ class ParameterSpace:
     def add_(self, flat: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
         """Add a flat vector to the parameters in place (``views``: ``split(flat)``, if already made)."""
         torch._foreach_add_(self.params, views if views is not None else self.split(flat))
+
+    @contextlib.contextmanager
+    def shifted(self, offset: torch.Tensor, offset_views: list[torch.Tensor] | None = None,
+                out_views: list[torch.Tensor] | None = None) -> Iterator[None]:
+        """Inside the block the parameters hold ``w + offset``; after it, ``w`` exactly (a perturbed pass).
+
+        ``w + offset`` is written into another vector (``out_views``: the per-parameter views of a
+        preallocated one, as :meth:`split` makes them) and the parameters' data point at it for the block, while ``w`` stays untouched in the
+        parameters' own storage. Gradients land in ``p.grad`` as usual. Subtracting the offset afterwards
+        would not give ``w`` back exactly; saving a copy of ``w``, adding the offset in place and copying
+        the copy back did, at three passes over the model instead of one: ~0.4 ms a step on the benchmark
+        CNN, 6% of a FedLESAM step whose point is to cost what an ERM step costs.
+        """
+        shifted_views = out_views if out_views is not None else self.split(self._new_vector())
+        with torch.no_grad():
+            for p, e, target in zip(self.params, offset_views if offset_views is not None else self.split(offset),
+                                    shifted_views):
+                torch.add(p, e, out=target)
+        originals = [p.data for p in self.params]
+        try:
+            for p, target in zip(self.params, shifted_views):
+                p.data = target
+            yield
+        finally:
+            for p, original in zip(self.params, originals):
+                p.data = original
 
     def grad(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The current gradients as one flat vector (zeros where a parameter got none); ``out`` as in
