@@ -121,6 +121,22 @@ def test_parameter_space_out_buffers_equal_fresh_vectors():
     assert torch.equal(space.split(grad)[1], torch.zeros(5))
 
 
+def test_difference_from_the_parameters_equals_flatten_minus_reference_and_params_are_read_lazily():
+    from hf_fedflat.algorithms import LocalResult
+
+    torch.manual_seed(0)
+    space = ParameterSpace(TinyClassifier())
+    reference = space.flatten() + torch.randn(space.numel)
+    out = torch.full((space.numel,), 7.0)
+    assert space.difference(reference, out=out) is out
+    assert torch.equal(out, space.flatten() - reference) and torch.equal(space.difference(reference), out)
+    reads = []
+    result = LocalResult(lambda: reads.append(1) or space.flatten(), 3, out)
+    assert not reads and result.num_steps == 3 and result.delta is out
+    assert torch.equal(result.params, space.flatten()) and torch.equal(result.params, space.flatten()) and reads == [1]
+    assert LocalResult(reference, 1, out).params is reference
+
+
 def test_shifted_parameters_give_the_gradient_at_w_plus_offset_and_w_back_exactly():
     torch.manual_seed(0)
     model, reference = TinyClassifier(), TinyClassifier()

@@ -55,15 +55,29 @@ class ClientContext:
     num_samples: int
 
 
-@dataclass
 class LocalResult:
-    """The outcome of local training, seen by the pieces' ``end`` hooks."""
+    """The outcome of local training, seen by the pieces' ``end`` hooks.
 
-    params: Tensor  # w_i, flat, training device
-    num_steps: int  # K: optimizer steps actually taken
-    #: ``w_i - w^t``, flat, training device: computed once per client, read by the pieces (SCAFFOLD's
-    #: ``dc_i``, FedDyn's ``h_i``) and sent as the update's delta, so no piece repeats the subtraction
-    delta: Tensor
+    Attributes:
+        params: ``w_i``, flat, training device. Built on first access when given as a function: no piece
+            of this package reads it (they read ``delta``), and a flat copy of the weights is a pass over
+            the model per client.
+        num_steps: ``K``, the optimizer steps actually taken.
+        delta: ``w_i - w^t``, flat, training device: computed once per client, read by the pieces
+            (SCAFFOLD's ``dc_i``, FedDyn's ``h_i``) and sent as the update's delta, so no piece repeats the
+            subtraction.
+    """
+
+    def __init__(self, params: Tensor | Callable[[], Tensor], num_steps: int, delta: Tensor):
+        self._params = params
+        self.num_steps = num_steps
+        self.delta = delta
+
+    @property
+    def params(self) -> Tensor:
+        if callable(self._params):
+            self._params = self._params()
+        return self._params
 
 
 @dataclass

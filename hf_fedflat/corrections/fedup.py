@@ -32,18 +32,19 @@ class FedUpCorrection(Correction):
 
     def begin(self, ctx: ClientContext) -> Tensor:
         last_update = ctx.broadcast[self.name]["last_update"]
-        previous_minus_current = torch.neg(last_update, out=vectors.empty_like(last_update))
-        # (alpha/eta)(w^{t-1} - w^t) + alpha(w - w^t) = alpha*w + alpha*[(w^{t-1} - w^t)/eta - w^t]
-        return previous_minus_current.div_(ctx.learning_rate).sub_(ctx.global_params)
+        # (alpha/eta)(w^{t-1} - w^t) + alpha(w - w^t) = alpha*w - alpha*[w^t + (w^t - w^{t-1})/eta]: the bracket
+        # in one pass per client (a negation, a division and a subtraction were three)
+        return torch.add(ctx.global_params, last_update, alpha=1.0 / ctx.learning_rate,
+                         out=vectors.empty_like(last_update))
 
     def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
         scale = self.alpha * bias_scale
-        return torch.add(direction, params, alpha=scale, out=vectors.empty_like(direction)).add_(workspace, alpha=scale)
+        return torch.add(direction, params, alpha=scale, out=vectors.empty_like(direction)).add_(workspace, alpha=-scale)
 
     def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
         scale = self.alpha * bias_scale
         torch._foreach_add_(grads, params, alpha=scale)
-        torch._foreach_add_(grads, split(workspace), alpha=scale)
+        torch._foreach_add_(grads, split(workspace), alpha=-scale)
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"last_update": torch.zeros_like(params)}

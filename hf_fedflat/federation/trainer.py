@@ -245,9 +245,8 @@ class FederatedTrainer:
         # Same (seed, round, client) -> same shuffle and dropout, on any process, after any resume.
         trainer.seed_for_client(derive_seed(self.args.seed, round_index, client_id))
         output = trainer.train()
-        local_params = self.space.flatten()
-        delta = torch.sub(local_params, ctx.global_params, out=vectors.empty_like(local_params))
-        result = LocalResult(params=local_params, num_steps=int(trainer.state.global_step), delta=delta)
+        delta = self.space.difference(ctx.global_params, out=vectors.empty_like(ctx.global_params))
+        result = LocalResult(params=self.space.flatten, num_steps=int(trainer.state.global_step), delta=delta)
         new_state, messages = self.algorithm.end_client(ctx, workspaces, result)
         if diagnostics:
             messages[DIAGNOSTICS_MESSAGE] = diagnostics

@@ -72,6 +72,18 @@ class ParameterSpace:
         """Add a flat vector to the parameters in place (``views``: ``split(flat)``, if already made)."""
         torch._foreach_add_(self.params, views if views is not None else self.split(flat))
 
+    @torch.no_grad()
+    def difference(self, reference: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``w - reference`` as a flat vector, read straight from the parameters (``out``: as in :meth:`flatten`).
+
+        The same values as ``flatten() - reference`` bit for bit, in one pass instead of two (no flat copy of
+        ``w`` first).
+        """
+        out = out if out is not None else self._new_vector()
+        for p, r, o in zip(self.params, self.split(reference), self.split(out)):
+            torch.sub(p, r, out=o)
+        return out
+
     @contextlib.contextmanager
     def shifted(self, offset: torch.Tensor, offset_views: list[torch.Tensor] | None = None,
                 out_views: list[torch.Tensor] | None = None) -> Iterator[None]:
