@@ -137,6 +137,28 @@ def test_difference_from_the_parameters_equals_flatten_minus_reference_and_param
     assert LocalResult(reference, 1, out).params is reference
 
 
+def test_direct_clipping_equals_the_trainers_clipping_through_accelerate(tmp_path):
+    from transformers import Trainer
+
+    trainer, _, _ = run(tmp_path, reuse=True, num_rounds=1, max_grad_norm=0.05)
+    client_trainer = trainer.client_trainer
+    model = client_trainer.model
+    assert client_trainer._clip_parameters is not None and client_trainer._clip_parameters[0] is model  # it was used
+    torch.manual_seed(1)
+    grads = [torch.randn_like(p) for p in model.parameters()]
+
+    def clipped(clip):
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        norm = clip(model)
+        return norm, [p.grad.clone() for p in model.parameters()]
+
+    fast_norm, fast = clipped(client_trainer._clip_grad_norm)
+    norm, reference = clipped(lambda m: Trainer._clip_grad_norm(client_trainer, m))
+    assert torch.equal(fast_norm, norm) and float(norm) > 0.05  # clipping did happen
+    assert all(torch.equal(a, b) for a, b in zip(fast, reference))
+
+
 def test_shifted_parameters_give_the_gradient_at_w_plus_offset_and_w_back_exactly():
     torch.manual_seed(0)
     model, reference = TinyClassifier(), TinyClassifier()

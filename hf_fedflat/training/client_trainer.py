@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelerate.utils import DistributedType
 from transformers import Trainer, set_seed
+from transformers.utils import is_sagemaker_mp_enabled
 from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback, ProgressCallback, TrainerState
 from transformers.trainer_utils import TrainOutput
 
@@ -80,6 +82,7 @@ class ClientTrainer(Trainer):
         self._views_of_workspace: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         #: returns the heap memory of finished clients to the OS (call :meth:`release_memory` between clients)
         self.heap = HeapTrimmer()
+        self._clip_parameters: tuple[Any, list[torch.Tensor]] | None = None  # (model, its parameters) for clipping
 
     def start_client(
         self,
@@ -273,6 +276,30 @@ class ClientTrainer(Trainer):
         self.is_in_train = False
         train_loss = total_loss.item() / max(state.global_step, 0.001)
         return TrainOutput(state.global_step, train_loss, {"train_loss": train_loss})
+
+    def _clip_grad_norm(self, model):
+        """The Trainer's clipping where accelerate's ``clip_grad_norm_`` reduces to torch's: one process, no fp16
+        grad scaler to unscale first, no FSDP, DeepSpeed or sharded (DTensor) gradients.
+
+        accelerate then calls ``torch.nn.utils.clip_grad_norm_`` on ``list(model.parameters())``; this calls it
+        on the same list, made once, without the per-step dispatch (the parameter walk, version and type
+        checks: ~0.1 ms a step on the benchmark CNN, 2% of its step). Bit-identical; anything else takes the
+        Trainer's path.
+        """
+        accelerator = self.accelerator
+        if (
+            accelerator.distributed_type == DistributedType.NO
+            and getattr(accelerator, "scaler", None) is None
+            and not is_sagemaker_mp_enabled()
+            and not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+            and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true"
+            and not self._has_mixed_mesh_grads(model)
+        ):
+            cached = self._clip_parameters
+            if cached is None or cached[0] is not model:
+                cached = self._clip_parameters = (model, list(model.parameters()))
+            return torch.nn.utils.clip_grad_norm_(cached[1], self.args.max_grad_norm)
+        return super()._clip_grad_norm(model)
 
     def get_train_dataloader(self):
         """The client's prepared dataloader from an earlier visit, rewound to the current seed, or a new one."""
