@@ -8,8 +8,9 @@ Prints a table of ratios with the raw numbers and writes a JSON list of
 
 1. ``fedavg_vs_plain_loop`` (<= 1.10): seconds per round of ``FederatedTrainer`` (FedAvg) / a plain
    PyTorch loop doing the same optimizer steps on the same model and data (same clients, same shuffles,
-   same clipping, same aggregation; the final weights are compared). One local epoch: the setting where
-   the library's per-client cost (loading the client's data, set-up, the update) weighs most.
+   same clipping, same aggregation; the final weights are compared). One local epoch, where the
+   library's per-client cost (set-up, the update) weighs most; the two sides alone in lock-step, twice
+   the rounds of the other sections.
 2. ``<algorithm>_vs_fedavg``: per-round time of FedLESAM, FedUp, FedProx, SCAFFOLD (<= 1.10) and FedSAM,
    FedGAM (<= 2.2) / FedAvg; ``fedgh_aggregation_share`` (< 0.10): time of the FedGH aggregation / time of
    the round, at 20 clients per round. Measured at the papers' local work, ``PAPERS_LOCAL_EPOCHS`` (5)
@@ -31,7 +32,7 @@ Prints a table of ratios with the raw numbers and writes a JSON list of
 The shared setting of 1, 2 and 6: scikit-learn digits (train split, upscaled to 16x16), partitioned once
 over 100 clients (Dirichlet 0.3), the ``small_cnn`` (0.58M parameters), 10 clients per round, batch 16,
 SGD lr 0.05, clipping at norm 10, no evaluation, every run from the same initial weights; 1 local epoch
-for 1 and 6, 5 for 2 (half the rounds, so a run does about 2.5 times the steps).
+for 1 and 6, 5 for 2.
 
 Timing: ``time.perf_counter`` per round (from ``on_round_begin`` to ``on_round_end``: payload, local
 training, aggregation, client-state store, the history write); round 0 of every run is a warm-up and is
@@ -640,14 +641,24 @@ def profile_report(profiler: cProfile.Profile, limit: int = 35) -> str:
 # ------------------------------------------------------------------------------------------------
 # Sections
 # ------------------------------------------------------------------------------------------------
-def section_speed(setting: Setting, data: Data, repeats: int,
-                  algorithms: dict[str, float]) -> tuple[list[dict], dict[str, dict]]:
-    """Target 1 at one local epoch: plain loop and FedAvg in lock-step.
+def section_speed(setting: Setting, data: Data, repeats: int) -> list[dict]:
+    """Target 1 at one local epoch: the plain loop and FedAvg, the two alone in lock-step (round ``t`` of both
+    within a fraction of a second: the tightest pairing against the VM's drift)."""
+    load_before = load_average()
+    runners: dict[str, Callable[[RoundGate], RunTiming]] = {
+        "plain_loop": lambda gate: run_plain_loop(setting, data, before_round=gate),
+        "fedavg": lambda gate: run_federated(setting, data, "fedavg", before_round=gate)[0]}
+    best = lock_step_repeats(runners, repeats, "speed (1 local epoch)")
+    runs = best.pop("_runs")
+    env = {"load_avg_before": load_before, "load_avg_after": load_average(), "torch_threads": torch.get_num_threads(),
+           "setting": dataclasses.asdict(setting)}
+    return [ratio_record("fedavg_vs_plain_loop", 1.10, False, "fedavg / plain loop", best["fedavg"],
+                         best["plain_loop"], runs, same_math=True, extra=env)]
 
-    With ``algorithms`` (the ``algorithms`` section asks for them) every algorithm and SCAFFOLD written as
-    a plain loop run in the same lock-step; their records (ratio to FedAvg at one local epoch, by
-    algorithm) are returned for the details of the target-2 records.
-    """
+
+def one_local_epoch_ratios(setting: Setting, data: Data, repeats: int, algorithms: dict[str, float]) -> dict[str, dict]:
+    """Every algorithm / FedAvg at one local epoch (reported beside target 2), with the plain loop and SCAFFOLD
+    written as a plain loop in the same lock-step: records by algorithm."""
     load_before = load_average()
     runners: dict[str, Callable[[RoundGate], RunTiming]] = {
         "plain_loop": lambda gate: run_plain_loop(setting, data, before_round=gate)}
@@ -655,12 +666,11 @@ def section_speed(setting: Setting, data: Data, repeats: int,
         runners["plain_scaffold"] = lambda gate: run_plain_loop(setting, data, scaffold=True, before_round=gate)
     for algorithm in ("fedavg", *algorithms):
         runners[algorithm] = (lambda a: lambda gate: run_federated(setting, data, a, before_round=gate)[0])(algorithm)
-    best = lock_step_repeats(runners, repeats, "speed (1 local epoch)")
+    best = lock_step_repeats(runners, repeats, "algorithms (1 local epoch)")
     runs = best.pop("_runs")
     env = {"load_avg_before": load_before, "load_avg_after": load_average(), "torch_threads": torch.get_num_threads(),
-           "setting": dataclasses.asdict(setting)}
-    records = [ratio_record("fedavg_vs_plain_loop", 1.10, False, "fedavg / plain loop", best["fedavg"],
-                            best["plain_loop"], runs, same_math=True, extra=env)]
+           "setting": dataclasses.asdict(setting),
+           "fedavg_vs_plain_loop": round(best["fedavg"].seconds_per_round / best["plain_loop"].seconds_per_round, 4)}
     one_epoch: dict[str, dict] = {}
     for algorithm, target in algorithms.items():
         extra = dict(env)
@@ -674,15 +684,15 @@ def section_speed(setting: Setting, data: Data, repeats: int,
             extra["plain_scaffold"] = plain.summary()
         one_epoch[algorithm] = ratio_record(f"{algorithm}_vs_fedavg", target, False, f"{algorithm} / fedavg",
                                             best[algorithm], best["fedavg"], runs, same_math=False, extra=extra)
-    return records, one_epoch
+    return one_epoch
 
 
 def section_algorithms(setting: Setting, data: Data, repeats: int, algorithms: dict[str, float],
                        one_epoch: dict[str, dict]) -> list[dict]:
     """Target 2 (per-round time / FedAvg) at the papers' local work: FedAvg and every algorithm in lock-step.
 
-    ``one_epoch``: the same ratios at one local epoch (from :func:`section_speed`), kept in each record's
-    ``details["one_local_epoch"]``.
+    ``one_epoch``: the same ratios at one local epoch (from :func:`one_local_epoch_ratios`), kept in each
+    record's ``details["one_local_epoch"]``.
     """
     load_before = load_average()
     runners: dict[str, Callable[[RoundGate], RunTiming]] = {
@@ -969,8 +979,8 @@ def format_table(records: list[dict]) -> str:
             notes.append(f"2nd half {d['ratio_second_half']:.3f}, CPU-time ratio {d['cpu_time_ratio']:.3f}")
         if "max_abs_weight_diff" in d:
             notes.append(f"max |dW| {d['max_abs_weight_diff']:.1e}")
-        if "local_epochs" in d.get("setting", {}):
-            notes.append(f"{d['setting']['local_epochs']:g} local epoch(s)")
+        if "local_epochs" in d.get("setting", {}) and ("numerator" in d or "one_local_epoch" in d):
+            notes.append(f"{d['setting']['local_epochs']:g} local epoch(s), {d['setting']['num_rounds']} rounds")
         one = d.get("one_local_epoch")
         if one is not None:  # the same ratio at one local epoch (per-client costs weigh ~5x more)
             one_ratio = one["ratio"] if "ratio" in one else one["share"]
@@ -1015,8 +1025,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="Fewer rounds and repeats (under 5 minutes).")
     parser.add_argument("--output", default=str(REPO_ROOT / "benchmarks" / "results.json"), help="JSON results file.")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="Rounds per timed run at one local epoch, incl. the warm-up round (default 20, quick "
-                             "10); runs at the papers' 5 local epochs take half as many.")
+                        help="Rounds per timed run, incl. the warm-up round (default 20, quick 10); target 1's two "
+                             "sides run twice as many.")
     parser.add_argument("--repeats", type=int, default=None,
                         help="Lock-step repeats of the speed and naive sections (default 5, quick 2).")
     parser.add_argument("--threads", type=int, default=1,
@@ -1045,7 +1055,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     setting = Setting(num_rounds=rounds)
     log(f"setting: {setting}; repeats={repeats}; torch threads={torch.get_num_threads()}; load {load_average()}")
     algorithms = dict(ALGORITHM_TARGETS)
-    papers = dataclasses.replace(setting, local_epochs=PAPERS_LOCAL_EPOCHS, num_rounds=max(3, rounds // 2))
+    papers = dataclasses.replace(setting, local_epochs=PAPERS_LOCAL_EPOCHS)
     records: list[dict] = []
     data = None
     if {"speed", "algorithms", "fedgh", "naive"} & set(sections):
@@ -1054,17 +1064,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{max(data.partition.num_samples)} rows; algorithms available: {list_algorithms()}")
         warm_up_process(setting, data, ["fedavg", *(algorithms if "algorithms" in sections else [])])
         log("process warm-up done")
-    one_epoch: dict[str, dict] = {}
-    if {"speed", "algorithms"} & set(sections):  # one lock-step at one local epoch serves both
-        speed_records, one_epoch = section_speed(setting, data, repeats,
-                                                 algorithms if "algorithms" in sections else {})
-        if "speed" in sections:
-            records += speed_records
+    if "speed" in sections:
+        records += section_speed(dataclasses.replace(setting, num_rounds=2 * rounds), data, repeats)
     if "algorithms" in sections:
+        one_epoch = one_local_epoch_ratios(setting, data, repeats, algorithms)
         records += section_algorithms(papers, data, repeats, algorithms, one_epoch)
     if "fedgh" in sections:
         fedgh_rounds = max(3, rounds // 2)
-        records += section_fedgh(dataclasses.replace(papers, num_rounds=max(3, fedgh_rounds // 2)), data,
+        records += section_fedgh(dataclasses.replace(papers, num_rounds=max(3, rounds // 4)), data,
                                  2 if opts.quick else 3, dataclasses.replace(setting, num_rounds=fedgh_rounds))
     if "naive" in sections:
         naive = dataclasses.replace(setting, num_rounds=4 if opts.quick else 6)
