@@ -60,11 +60,35 @@ def atomic_write_json(obj, path: str | os.PathLike) -> None:
     _atomic_write(path, write)
 
 
-def atomic_write_records(records: list, path: str | os.PathLike, durable: bool = True) -> None:
-    """A JSON list with one record per line: as readable as indented JSON for a per-round log, and
-    encoded by json's C encoder (indentation forces the pure-Python one: ~10x slower on long runs)."""
+class RecordLog:
+    """A per-round log: a JSON list with one record per line, rewritten atomically, each record encoded once.
+
+    One record per line is as readable as indented JSON, and json's C encoder writes it (indentation forces
+    the pure-Python one: ~10x slower on long runs). Rewriting the whole list every round also re-encoded
+    every earlier record: O(rounds) JSON encodes per round for a file that changes by one line.
+    ``write(records)`` encodes only the records appended since the last call on the same list (records are
+    final once appended: a change to an earlier one is not seen) and rewrites the file from the encoded lines.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = path
+        self._source: list | None = None
+        self._lines: list[str] = []
+
+    def write(self, records: list, durable: bool = False) -> None:
+        if records is not self._source or len(records) < len(self._lines):  # a new list (a resume): start over
+            self._source, self._lines = records, []
+        self._lines.extend(_encode_record(r) for r in records[len(self._lines):])
+        _write_lines(self._lines, self.path, durable)
+
+
+def _encode_record(record) -> str:
+    return json.dumps(record, default=str)
+
+
+def _write_lines(lines: list[str], path: str | os.PathLike, durable: bool) -> None:
     def write(tmp):
         with open(tmp, "w") as handle:
-            handle.write("[\n" + ",\n".join(json.dumps(r, default=str) for r in records) + "\n]\n")
+            handle.write("[\n" + ",\n".join(lines) + "\n]\n")
 
     _atomic_write(path, write, durable)

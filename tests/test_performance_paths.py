@@ -236,3 +236,25 @@ def test_workspace_vectors_are_split_once_per_client_not_every_step(tmp_path, mo
         return len(calls)
 
     assert splits(2) == splits(6)  # 4 more corrected steps per client, not one split more
+
+
+def test_record_log_encodes_each_record_once_and_writes_the_whole_list(tmp_path, monkeypatch):
+    import json
+
+    import hf_fedflat.io as io
+
+    encoded = []
+    real = io._encode_record
+    monkeypatch.setattr(io, "_encode_record", lambda record: encoded.append(record["round"]) or real(record))
+    path = tmp_path / "history.json"
+    log, history = io.RecordLog(path), []
+    for round_index in range(4):
+        history.append({"round": round_index, "loss": 1.0 / (round_index + 1), "clients": [1, 2], "path": tmp_path})
+        log.write(history)
+        assert json.loads(path.read_text()) == json.loads(json.dumps(history, default=str))
+    assert encoded == [0, 1, 2, 3]  # each record once, not the whole list every round
+    assert path.read_text().count("\n") == 4 + 2  # one record per line between the brackets
+    resumed = history[:2]  # a resume replaces the list: it is encoded again from its start
+    log.write(resumed)
+    assert json.loads(path.read_text()) == json.loads(json.dumps(resumed, default=str)) and encoded[4:] == [0, 1]
+    assert not list(tmp_path.glob(".history.json.*"))  # no temporary file left behind

@@ -21,7 +21,7 @@ from ..algorithms.base import weighted_sum
 from ..config import FedTrainingArguments
 from ..diagnostics import RunDiagnostics, tensor_bytes
 from ..diagnostics.run import DIAGNOSTICS_MESSAGE
-from ..io import atomic_save_safetensors, atomic_write_json, atomic_write_records
+from ..io import RecordLog, atomic_save_safetensors, atomic_write_json
 from ..state import create_client_state_store
 from ..state.store import flatten_state, unflatten_state
 from .. import vectors
@@ -341,6 +341,8 @@ class FederatedTrainer:
             self._write_partition()
         start_round = comm.broadcast_object(start_round)
         reporter = RoundReporter(args, self.model) if comm.is_main else None
+        # rewritten every round: atomic, not fsynced (every checkpoint holds the history durably)
+        history_file = RecordLog(os.path.join(args.output_dir, "history.json"))
         progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", dynamic_ncols=True,
                         disable=not comm.is_main or args.disable_tqdm)
         run_start = time.perf_counter()
@@ -378,8 +380,7 @@ class FederatedTrainer:
                 record["wall_seconds"] = wall_offset + time.perf_counter() - run_start
                 record.update(self.diagnostics.target_metrics(record))
                 self.history.append(record)
-                # rewritten every round: atomic, not fsynced (every checkpoint holds the history durably)
-                atomic_write_records(self.history, os.path.join(args.output_dir, "history.json"), durable=False)
+                history_file.write(self.history)
                 reporter.log(round_index + 1, {k: v for k, v in record.items() if k not in ("round", "clients")})
                 progress.set_postfix({k: f"{record[k]:.4f}" for k in ("eval_accuracy", "train_loss") if k in record})
                 if args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0:
