@@ -1055,7 +1055,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     setting = Setting(num_rounds=rounds)
     log(f"setting: {setting}; repeats={repeats}; torch threads={torch.get_num_threads()}; load {load_average()}")
     algorithms = dict(ALGORITHM_TARGETS)
-    papers = dataclasses.replace(setting, local_epochs=PAPERS_LOCAL_EPOCHS)
+    # (quick: 6 rounds at 5 local epochs, to stay under 5 minutes)
+    papers = dataclasses.replace(setting, local_epochs=PAPERS_LOCAL_EPOCHS, num_rounds=6 if opts.quick else rounds)
     records: list[dict] = []
     data = None
     if {"speed", "algorithms", "fedgh", "naive"} & set(sections):
