@@ -157,6 +157,11 @@ def test_direct_clipping_equals_the_trainers_clipping_through_accelerate(tmp_pat
     norm, reference = clipped(lambda m: Trainer._clip_grad_norm(client_trainer, m))
     assert torch.equal(fast_norm, norm) and float(norm) > 0.05  # clipping did happen
     assert all(torch.equal(a, b) for a, b in zip(fast, reference))
+    # below the threshold the fast path skips the scaling by exactly 1: the same gradients, the same norm
+    client_trainer.args.max_grad_norm = 1e6
+    fast_norm, fast = clipped(client_trainer._clip_grad_norm)
+    norm, reference = clipped(lambda m: Trainer._clip_grad_norm(client_trainer, m))
+    assert torch.equal(fast_norm, norm) and all(torch.equal(a, b) and torch.equal(a, g) for a, b, g in zip(fast, reference, grads))
 
 
 def test_shifted_parameters_give_the_gradient_at_w_plus_offset_and_w_back_exactly():
