@@ -68,11 +68,6 @@ class ParameterSpace:
         torch._foreach_copy_(self.params, views if views is not None else self.split(flat.to(self.device, self.dtype)))
 
     @torch.no_grad()
-    def add_(self, flat: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
-        """Add a flat vector to the parameters in place (``views``: ``split(flat)``, if already made)."""
-        torch._foreach_add_(self.params, views if views is not None else self.split(flat))
-
-    @torch.no_grad()
     def difference(self, reference: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``w - reference`` as a flat vector, read straight from the parameters (``out``: as in :meth:`flatten`).
 
@@ -90,8 +85,8 @@ class ParameterSpace:
         """Inside the block the parameters hold ``w + offset``; after it, ``w`` exactly (a perturbed pass).
 
         ``w + offset`` is written into another vector (``out_views``: the per-parameter views of a
-        preallocated one, as :meth:`split` makes them) and the parameters' data point at it for the block, while ``w`` stays untouched in the
-        parameters' own storage. Gradients land in ``p.grad`` as usual. Subtracting the offset afterwards
+        preallocated one, as :meth:`split` makes them) and the parameters' data point at it for the block,
+        while ``w`` stays untouched in the parameters' own storage. Gradients land in ``p.grad`` as usual. Subtracting the offset afterwards
         would not give ``w`` back exactly; saving a copy of ``w``, adding the offset in place and copying
         the copy back did, at three passes over the model instead of one: ~0.4 ms a step on the benchmark
         CNN, 6% of a FedLESAM step whose point is to cost what an ERM step costs.
