@@ -3,7 +3,7 @@ reused buffer) is exact for every dtype and shape."""
 
 import torch
 
-from hf_fedflat.federation.comm import plan_tensors, unpack_tensors, write_tensors
+from hf_fedflat.federation.wire import plan_tensors, unpack_tensors, write_tensors
 
 
 def test_pack_unpack_round_trip_is_exact():

@@ -6,7 +6,7 @@ hangs when processes take different numbers of steps. Federated processes must i
 single-process trainers that meet only at round boundaries. So, before ``TrainingArguments`` sets up
 devices, :func:`init_federated_process_group` opens a gloo group for the exchange itself and hides the
 launcher's rank variables: accelerate and the Trainer then see one process each. The exchange (one
-broadcast and one gather per round) packs tensors into one byte buffer, so any dtype travels exactly.
+broadcast and one gather per round) packs tensors into one byte buffer (:mod:`.wire`), so any dtype travels exactly.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..vectors import BufferPool
+from .wire import plan_tensors, unpack_tensors, write_tensors
 
 # What launchers (accelerate, torchrun, MPI) set and accelerate/transformers read to go distributed.
 _LAUNCHER_VARIABLES = (
@@ -107,44 +108,6 @@ class FederatedProcessGroup:
         if not self.is_main:
             return None
         return [unpack_tensors(m, b[: m["nbytes"]]) for m, b in zip(metas, received)]
-
-
-_ALIGN = 8  # every entry starts at a multiple of 8 bytes, so it unpacks as a view (no copy)
-
-
-def plan_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, list[torch.Tensor]]:
-    """The layout of ``tensors`` in one byte buffer, ``(meta, flat byte views)``, without copying anything.
-
-    ``meta``: ``{"entries": [(name, dtype, shape, offset, size)], "nbytes": total}``.
-    """
-    entries, raws, nbytes = [], [], 0
-    for name, tensor in tensors.items():
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
-        entries.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), nbytes, raw.numel()))
-        raws.append(raw)
-        nbytes += raw.numel() + (-raw.numel() % _ALIGN)
-    return {"entries": entries, "nbytes": nbytes}, raws
-
-
-def write_tensors(plan: tuple[dict, list[torch.Tensor]], buffer: torch.Tensor) -> torch.Tensor:
-    """Copy the planned tensors into ``buffer`` (``uint8``, at least ``meta["nbytes"]`` long); returns it.
-
-    The alignment gaps are zeroed, so the bytes of a packed message depend only on its tensors."""
-    meta, raws = plan
-    for (_, _, _, offset, size), raw in zip(meta["entries"], raws):
-        buffer[offset: offset + size].copy_(raw)
-        end = offset + size
-        buffer[end: end + (-size % _ALIGN)].zero_()
-    return buffer
-
-
-def unpack_tensors(meta: dict, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Views into ``buffer`` (which must not be reused by the caller)."""
-    return {
-        name: buffer[offset: offset + size].view(getattr(torch, dtype)).reshape(shape)
-        for name, dtype, shape, offset, size in meta["entries"]
-    }
 
 
 def init_federated_process_group(use_cpu: bool = False) -> FederatedProcessGroup:
