@@ -11,11 +11,12 @@ from .algorithms import (  # noqa: E402
 )
 from .config import FedTrainingArguments  # noqa: E402
 from .federation import FederatedCallback, FederatedTrainer, FederatedTrainOutput  # noqa: E402
+from .federation.comm import init_federated_process_group as init_process_group  # noqa: E402  (entry points call it first)
 from .training import ClientTrainer, ParameterSpace  # noqa: E402
 from .decentralized import DecentralizedTrainer, create_trainer  # noqa: E402  (registers gossip, d* presets)
 
 __all__ = [
     "AlgorithmSpec", "ClientTrainer", "DecentralizedTrainer", "FedTrainingArguments", "FederatedAlgorithm",
     "FederatedCallback", "FederatedTrainOutput", "FederatedTrainer", "ParameterSpace", "build_algorithm",
-    "create_trainer", "get_preset", "list_algorithms", "__version__",
+    "create_trainer", "get_preset", "init_process_group", "list_algorithms", "__version__",
 ]

@@ -81,11 +81,12 @@ def parse_train_args(argv: Sequence[str]):
 
 def train_main(argv: Sequence[str]) -> int:
     from .experiment import run_experiment
-    from .federation import get_process_group
+    from .federation.comm import init_federated_process_group
 
+    group = init_federated_process_group()  # before the arguments set up accelerate
     data_args, model_args, lora_args, args = parse_train_args(argv)
     experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
-    if get_process_group().is_main:
+    if group.is_main:
         summary = summarize_run(args.output_dir)
         print(format_comparison([summary]))
         print(f"\nFinal model and model card: {output.final_model_dir}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -233,13 +234,17 @@ class FedTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         self._validate_federated_fields()
-        # Before the parent sets up devices: a multi-process launch must become N single-process
-        # trainers (see hf_fedflat.federation.comm for why).
-        from .federation.comm import init_federated_process_group, quiet_process_group_warning
-
-        init_federated_process_group(use_cpu=self.use_cpu)
-        with quiet_process_group_warning():
-            super().__post_init__()
+        # The parent sets up accelerate: inside a multi-process launch, hf_fedflat.init_process_group() must have
+        # turned it into N single-process trainers first (it hides the launcher's WORLD_SIZE; see
+        # hf_fedflat.federation.comm for why).
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size > 1:
+            raise RuntimeError(
+                f"FedTrainingArguments: this process is one of {world_size} launched processes, but the federated "
+                "process group was not opened: call hf_fedflat.init_process_group() first thing in the script, "
+                "before building FedTrainingArguments or any TrainingArguments."
+            )
+        super().__post_init__()
 
     # ------------------------------------------------------------------------------------------------
     @property

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .federation import get_process_group
+from .federation.comm import init_federated_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +29,12 @@ def run_recipe(argv: Sequence[str] | None, defaults: Sequence[str], smoke: Seque
     from .cli import parse_train_args
     from .experiment import run_experiment
 
+    group = init_federated_process_group()  # before the arguments set up accelerate
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     data_args, model_args, lora_args, args = parse_train_args(recipe_argv(argv, defaults, smoke))
     experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
-    if get_process_group().is_main:
+    if group.is_main:
         last = next((r for r in reversed(output.history) if "eval_accuracy" in r), {})
         print(f"\n{args.fed_algorithm} on {experiment.data.name}: {len(output.history)} rounds, "
               f"final eval accuracy {last.get('eval_accuracy', float('nan')):.4f}; model and card in "

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_fedflat import FedTrainingArguments
+from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.comparison import format_markdown, run_comparison, write_comparison
-from hf_fedflat.federation import get_process_group
 from hf_fedflat.models import create_model
 
 SEVENTEEN = ("fedavg,fedprox,scaffold,feddyn,fedadam,fednova,fedsam,mofedsam,fedgamma,fedsmoo,"
@@ -58,6 +57,7 @@ def load_data(compare: CompareArguments, seed: int):
 
 
 def main(argv: list[str] | None = None):
+    group = init_process_group()  # first: before the arguments set up accelerate
     argv = sys.argv[1:] if argv is None else argv
     parser = HfArgumentParser((CompareArguments, FedTrainingArguments))
     if len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None):
         lambda: create_model(compare.model_name, num_classes=10, in_chans=channels, image_size=compare.image_size),
         data["train"], data["test"],
     )
-    if get_process_group().is_main:
+    if group.is_main:
         paths = write_comparison(rows, histories, args.output_dir)
         print("\n" + format_markdown(rows) + f"\n\nWritten: {', '.join(paths.values())}")
     return rows

@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_fedflat import FedTrainingArguments
+from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.comparison import format_markdown, run_comparison, write_comparison
 from hf_fedflat.data import load_digits_dataset
-from hf_fedflat.federation import get_process_group
 from hf_fedflat.models import create_model
 
 logger = logging.getLogger("quickstart")
@@ -58,6 +57,7 @@ def parse(argv: list[str]) -> tuple[QuickstartArguments, FedTrainingArguments, b
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    group = init_process_group()  # first: before the arguments set up accelerate
     argv = sys.argv[1:] if argv is None else argv
     quick, args, single = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         args, names, lambda: create_model(quick.model_name, num_classes=10, in_chans=1, image_size=quick.image_size),
         data["train"], data["test"], single_run=single,
     )
-    if get_process_group().is_main:
+    if group.is_main:
         table = format_markdown(rows)
         print("\n" + table)
         if not single:

@@ -110,22 +110,39 @@ class FederatedProcessGroup:
         return [unpack_tensors(m, b[: m["nbytes"]]) for m, b in zip(metas, received)]
 
 
+def launcher_world_size() -> int:
+    """The process count a launcher (accelerate, torchrun, MPI) announces and :func:`init_federated_process_group`
+    has not yet taken over (it hides these variables): 1 outside a launch and after the group opened."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+MISSING_PROCESS_GROUP = (
+    "this process is one of {world_size} launched processes, but the federated process group was not opened: "
+    "call hf_fedflat.init_process_group() first thing in the script, before building FedTrainingArguments or any "
+    "TrainingArguments (it must run before accelerate sets up, so that each process trains its own clients alone "
+    "and meets the others only at round boundaries)."
+)
+
+
 def init_federated_process_group(use_cpu: bool = False) -> FederatedProcessGroup:
     """Open the exchange group once per process and hide the launch from accelerate/transformers.
 
+    Entry points call it (as ``hf_fedflat.init_process_group()``) before anything builds ``TrainingArguments``.
     Idempotent. Without launcher variables (plain ``python``), returns a one-process group. On GPUs each
     process is pinned to its local device through ``CUDA_VISIBLE_DEVICES`` before CUDA initialises, so
-    the single-process Trainer's ``cuda:0`` is that device.
+    the single-process Trainer's ``cuda:0`` is that device (``use_cpu=True`` skips the pinning).
     """
     global _GROUP
     if _GROUP is not None:
         return _GROUP
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = launcher_world_size()
     if world_size <= 1 or dist.is_initialized():
         _GROUP = FederatedProcessGroup(
             rank=dist.get_rank() if dist.is_initialized() else 0,
             world_size=dist.get_world_size() if dist.is_initialized() else 1,
         )
+        if _GROUP.distributed:  # a group the caller opened: still hide the launch from accelerate
+            _hide_launch()
         return _GROUP
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -136,10 +153,20 @@ def init_federated_process_group(use_cpu: bool = False) -> FederatedProcessGroup
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank % len(devices)]
     # gloo carries CPU tensors on every machine; the exchange is once per round, not per step.
     dist.init_process_group(backend="gloo", rank=rank, world_size=world_size, timeout=timedelta(hours=2))
-    for name in _LAUNCHER_VARIABLES:
-        os.environ.pop(name, None)
+    _hide_launch()
     _GROUP = FederatedProcessGroup(rank=rank, world_size=world_size, local_rank=local_rank)
     return _GROUP
+
+
+def _hide_launch() -> None:
+    for name in _LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
+    # transformers warns on every TrainingArguments that our exchange group is "not DDP": by design
+    from transformers.utils import logging as hf_logging
+
+    target = hf_logging.get_logger("transformers.training_args")
+    if not any(isinstance(f, _DropProcessGroupWarning) for f in target.filters):
+        target.addFilter(_DropProcessGroupWarning())
 
 
 class _DropProcessGroupWarning(logging.Filter):
@@ -149,7 +176,9 @@ class _DropProcessGroupWarning(logging.Filter):
 
 @contextlib.contextmanager
 def quiet_process_group_warning():
-    """transformers warns that our exchange group is "not DDP" on every ``TrainingArguments``: by design."""
+    """transformers warns that our exchange group is "not DDP" on every ``TrainingArguments``: by design.
+
+    (Once a distributed group is open the filter stays on; this also covers a group opened elsewhere.)"""
     from transformers.utils import logging as hf_logging
 
     target = hf_logging.get_logger("transformers.training_args")
@@ -162,7 +191,14 @@ def quiet_process_group_warning():
 
 
 def get_process_group() -> FederatedProcessGroup:
-    return _GROUP if _GROUP is not None else init_federated_process_group()
+    """The group :func:`init_federated_process_group` opened; outside a launch, a one-process group on first use.
+
+    Raises ``RuntimeError`` inside a multi-process launch whose entry point did not open the group."""
+    if _GROUP is not None:
+        return _GROUP
+    if launcher_world_size() > 1:
+        raise RuntimeError(MISSING_PROCESS_GROUP.format(world_size=launcher_world_size()))
+    return init_federated_process_group()
 
 
 def _cuda_device_count() -> int:

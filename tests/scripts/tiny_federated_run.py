@@ -14,8 +14,8 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import HfArgumentParser  # noqa: E402
 
-from hf_fedflat import FedTrainingArguments, FederatedCallback, FederatedTrainer  # noqa: E402
-from hf_fedflat.federation import checkpoint, get_process_group  # noqa: E402
+from hf_fedflat import FedTrainingArguments, FederatedCallback, FederatedTrainer, init_process_group  # noqa: E402
+from hf_fedflat.federation import checkpoint  # noqa: E402
 
 from conftest import TinyClassifier, make_tiny_dataset  # noqa: E402
 
@@ -47,6 +47,7 @@ def kill_while_saving(round_number: int):
 
 
 def main():
+    group = init_process_group()  # before the arguments set up accelerate
     (args,) = HfArgumentParser(FedTrainingArguments).parse_args_into_dataclasses()
     callbacks = []
     kind, _, at = os.environ.get("FEDFLAT_TEST_KILL", "").partition(":")
@@ -59,7 +60,7 @@ def main():
     train = make_tiny_dataset(n=96, seed=1)
     test = make_tiny_dataset(n=30, seed=2)
     output = FederatedTrainer(model, args, train, test, label_column="labels", callbacks=callbacks).train()
-    if get_process_group().is_main:
+    if group.is_main:
         save_file({"params": output.params.contiguous()}, os.path.join(args.output_dir, "final_params.safetensors"))
 
 
