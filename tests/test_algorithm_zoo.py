@@ -319,7 +319,7 @@ def test_fedgh_plugs_in_front_of_any_aggregator(tmp_path, base, recombined_weigh
     plain = server(tmp_path, fed_algorithm=base)
     with_gh = server(tmp_path, fed_algorithm=f"{base}+fedgh")
     assert with_gh.aggregator.name == f"{plain.aggregator.name}+fedgh"
-    assert with_gh.aggregator.base.linear_in_weighted_delta == recombined_weights
+    assert with_gh.aggregator.base.capabilities.linear_in_weighted_delta == recombined_weights
     expected, _ = plain.server_step(0, w, [ClientUpdate(u.client_id, u.num_samples, u.num_steps, 0.0, d.float())
                                            for u, d in zip(updates, harmonized)], P, plain.init_server_state(w), 5)
     got, _ = with_gh.server_step(0, w, updates, P, with_gh.init_server_state(w), 5)

@@ -7,6 +7,7 @@ import torch
 
 from hf_fedflat import build_algorithm
 from hf_fedflat.algorithms import ClientUpdate, LocalResult
+from hf_fedflat.training.step import takes_plain_step
 
 from conftest import TinyClassifier, make_tiny_dataset
 from step_helpers import LR, context, flat, hand_grad, make_trainer, run_client
@@ -141,7 +142,7 @@ def test_gradient_accumulation_adds_corrections_once_per_step(tmp_path, tiny_dat
 def test_fedavg_uses_the_trainers_plain_step(tmp_path, tiny_model, tiny_data):
     args, trainer = make_trainer(tmp_path, tiny_model, fed_algorithm="fedavg")
     algorithm = build_algorithm(args)
-    assert algorithm.is_plain_gradient
+    assert takes_plain_step(algorithm, algorithm.begin_client(context(trainer)))
     x, y = tiny_data[:]["x"], tiny_data[:]["labels"]
     w0 = [p.detach().clone() for p in tiny_model.parameters()]
     expected = [w - LR * gi for w, gi in zip(w0, hand_grad(tiny_model, w0, x, y))]

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from hf_fedflat import DecentralizedTrainer, FederatedCallback, FedTrainingArguments, FederatedTrainer, get_preset
 from hf_fedflat.decentralized import GossipAggregator, Topology, trainer_class_for
+from hf_fedflat.decentralized.gossip import GossipConfig
 
 from conftest import TinyClassifier, make_tiny_dataset, tiny_loss
 
@@ -68,7 +69,7 @@ def test_factory_and_refusals(tmp_path):
         DecentralizedTrainer(TinyClassifier(), FedTrainingArguments(**settings(tmp_path, corrections="scaffold")),
                              TRAIN, TEST, label_column="labels")
     with pytest.raises(ValueError, match="aggregator: 'gossip' mixes every client's own model"):
-        GossipAggregator(Topology("ring", 4)).aggregate(torch.zeros(3), [], torch.ones(1), {})
+        GossipAggregator(GossipConfig(topology="ring"), num_clients=4).aggregate(torch.zeros(3), [], torch.ones(1), {})
 
 
 # --- local steps by hand ------------------------------------------------------------------------------

@@ -5,10 +5,32 @@ Reference: Reddi et al., "Adaptive Federated Optimization", ICLR 2021.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor, weighted_delta
+from ..algorithms.base import Aggregator, Capabilities, ClientUpdate, StateDict, Tensor, weighted_delta
+from ..algorithms.hyperparameters import PieceConfig, check_number, fail, hyperparameter
 from ..algorithms.registry import register_aggregator
+from .mean import SERVER_LEARNING_RATE_HELP
+
+
+@dataclass
+class FedAdamConfig(PieceConfig):
+    # 1.0 as every server rule's: the fedadam preset sets the paper's 0.1 (so --aggregator fedadam under another
+    # preset keeps the step size it had)
+    server_learning_rate: float = hyperparameter(1.0, SERVER_LEARNING_RATE_HELP)
+    server_beta1: float = hyperparameter(0.9, "FedAdam: server first-moment decay b1 (0.9).")
+    server_beta2: float = hyperparameter(0.99, "FedAdam: server second-moment decay b2 (0.99).")
+    server_tau: float = hyperparameter(1e-2, "FedAdam: adaptivity tau in m/(sqrt(v)+tau) (1e-2).")
+
+    def validate(self) -> None:
+        check_number("server_learning_rate", self.server_learning_rate, low=0.0, low_open=True)
+        check_number("server_tau", self.server_tau, low=0.0)
+        for name in ("server_beta1", "server_beta2"):
+            check_number(name, getattr(self, name), low=0.0)
+            if getattr(self, name) >= 1:
+                fail(name, f"must be in [0, 1), got {getattr(self, name)}.")
 
 
 @register_aggregator
@@ -17,14 +39,8 @@ class FedAdamAggregator(Aggregator):
     ``w += eta_g * m / (sqrt(v) + tau)``. No bias correction (as in the paper). State ``{"m", "v"}``."""
 
     name = "fedadam"
-    linear_in_weighted_delta = True
-
-    def __init__(self, server_learning_rate: float = 0.1, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-2):
-        self.server_learning_rate, self.beta1, self.beta2, self.tau = server_learning_rate, beta1, beta2, tau
-
-    @classmethod
-    def from_args(cls, args) -> "FedAdamAggregator":
-        return cls(args.server_learning_rate, args.server_beta1, args.server_beta2, args.server_tau)
+    config_class = FedAdamConfig
+    capabilities = Capabilities(linear_in_weighted_delta=True)
 
     def init_state(self, params: Tensor) -> StateDict:
         return {"m": torch.zeros_like(params), "v": torch.zeros_like(params)}
@@ -32,8 +48,9 @@ class FedAdamAggregator(Aggregator):
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
     ) -> tuple[Tensor, StateDict]:
+        c = self.config
         delta = weighted_delta(updates, weights)
-        m = state["m"].mul(self.beta1).add_(delta, alpha=1 - self.beta1)
-        v = state["v"].mul(self.beta2).addcmul_(delta, delta, value=1 - self.beta2)
-        step = m / v.sqrt().add_(self.tau)
-        return params.add(step, alpha=self.server_learning_rate), {"m": m, "v": v}
+        m = state["m"].mul(c.server_beta1).add_(delta, alpha=1 - c.server_beta1)
+        v = state["v"].mul(c.server_beta2).addcmul_(delta, delta, value=1 - c.server_beta2)
+        step = m / v.sqrt().add_(c.server_tau)
+        return params.add(step, alpha=c.server_learning_rate), {"m": m, "v": v}

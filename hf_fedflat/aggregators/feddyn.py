@@ -5,10 +5,21 @@ References: Acar et al., ICLR 2021 (FedDyn); Sun et al., ICML 2023 (FedSMOO).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor, weighted_delta
+from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_aggregator
+
+
+@dataclass
+class FedDynServerConfig(PieceConfig):
+    feddyn_alpha: float = hyperparameter(0.1, "FedDyn / FedSMOO / FedLESAM-D: weight alpha of the dynamic regulariser.")
+
+    def validate(self) -> None:
+        check_number("feddyn_alpha", self.feddyn_alpha, low=0.0)
 
 
 @register_aggregator
@@ -18,17 +29,17 @@ class FedDynAggregator(Aggregator):
     The server keeps ``H = sum_i h_i`` (state ``{"h_sum"}``) from the deltas it receives, so it needs no
     message from the ``feddyn`` correction, which keeps its own ``h_i`` on the client; this equals FedDyn's
     ``mean(w_i) - h/alpha`` form. With ``alpha = 0`` the regulariser is off and the rule is FedAvg's (the
-    ``h/alpha`` form's limit), which keeps ``alpha`` a continuous knob.
+    ``h/alpha`` form's limit), which keeps ``alpha`` a continuous knob. Hyperparameters: the correction's
+    (``feddyn_alpha``); ``N`` is the run's ``num_clients``.
     """
 
     name = "feddyn"
+    config_class = FedDynServerConfig
+    run_settings = ("num_clients",)
 
-    def __init__(self, alpha: float = 0.1, num_clients: int = 1):
-        self.alpha, self.num_clients = alpha, num_clients
-
-    @classmethod
-    def from_args(cls, args):
-        return cls(alpha=args.feddyn_alpha, num_clients=args.num_clients)
+    def __init__(self, config: FedDynServerConfig | None = None, num_clients: int = 1):
+        super().__init__(config)
+        self.num_clients = num_clients
 
     def init_state(self, params: Tensor) -> StateDict:
         return {"h_sum": torch.zeros_like(params)}
@@ -37,7 +48,7 @@ class FedDynAggregator(Aggregator):
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
     ) -> tuple[Tensor, StateDict]:
         mean = params.add(weighted_delta(updates, weights))
-        if self.alpha == 0:
+        if self.config.feddyn_alpha == 0:
             return mean, state
         h_sum = state["h_sum"].clone()
         for update in updates:

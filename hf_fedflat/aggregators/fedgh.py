@@ -92,7 +92,7 @@ def harmonize(vectors: list[Tensor]) -> tuple[list[Tensor], float]:
 class HarmonizedAggregator(Aggregator):
     """Harmonize the clients' updates with :func:`harmonize`, then aggregate them with ``base``.
 
-    When ``base`` reads the updates only through ``sum_i p_i Delta_i`` (``linear_in_weighted_delta``: mean,
+    When ``base`` reads the updates only through ``sum_i p_i Delta_i`` (``capabilities.linear_in_weighted_delta``: mean,
     FedAdam), the harmonized updates are never built: ``sum_i p_i Delta'_i = sum_k (C^T p)_k Delta_k``, so the
     base rule gets the original updates with the weights ``C^T p``. Other rules get the harmonized updates.
 
@@ -103,6 +103,7 @@ class HarmonizedAggregator(Aggregator):
     plugin = "fedgh"
 
     def __init__(self, base: Aggregator):
+        super().__init__()  # no hyperparameters of its own
         self.base = base
         self.name = f"{base.name}+{self.plugin}"
         self.last_conflict_ratio: float | None = None
@@ -117,7 +118,7 @@ class HarmonizedAggregator(Aggregator):
         coefficients, self.last_conflict_ratio = harmonization_coefficients(deltas)
         if coefficients is None:
             return self.base.aggregate(params, updates, weights, state)
-        if self.base.linear_in_weighted_delta:
+        if self.base.capabilities.linear_in_weighted_delta:
             return self.base.aggregate(params, updates, coefficients.T @ weights.to(torch.float64), state)
         harmonized = (coefficients.to(deltas[0].dtype) @ torch.stack(deltas)).unbind(0)
         updates = [dataclasses.replace(u, delta=d) for u, d in zip(updates, harmonized)]

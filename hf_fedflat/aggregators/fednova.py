@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor, weighted_sum
 from ..algorithms.registry import register_aggregator
+from .mean import MeanConfig
 
 
 @register_aggregator
@@ -15,17 +16,11 @@ class FedNovaAggregator(Aggregator):
     """``tau_eff = sum p_i a_i``; ``w^{t+1} = w^t + eta_g * sum p_i (tau_eff / a_i) Delta_i``.
 
     ``a_i`` is the client's number of local steps (plain SGD without momentum). Clients that took no step
-    have ``Delta_i = 0`` and are left out of ``tau_eff``.
+    have ``Delta_i = 0`` and are left out of ``tau_eff``. Hyperparameters: the mean's (``server_learning_rate``).
     """
 
     name = "fednova"
-
-    def __init__(self, server_learning_rate: float = 1.0):
-        self.server_learning_rate = server_learning_rate
-
-    @classmethod
-    def from_args(cls, args) -> "FedNovaAggregator":
-        return cls(server_learning_rate=args.server_learning_rate)
+    config_class = MeanConfig
 
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
@@ -33,4 +28,4 @@ class FedNovaAggregator(Aggregator):
         p = weights.tolist()
         tau_eff = sum(w * u.num_steps for w, u in zip(p, updates))
         scaled = weights.new_tensor([w * tau_eff / u.num_steps if u.num_steps else 0.0 for w, u in zip(p, updates)])
-        return params.add(weighted_sum([u.delta for u in updates], scaled), alpha=self.server_learning_rate), state
+        return params.add(weighted_sum([u.delta for u in updates], scaled), alpha=self.config.server_learning_rate), state

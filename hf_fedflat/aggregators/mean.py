@@ -1,10 +1,24 @@
 """FedAvg's server rule."""
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 import torch
 
-from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor, weighted_delta
+from ..algorithms.base import Aggregator, Capabilities, ClientUpdate, StateDict, Tensor, weighted_delta
+from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_aggregator
-from .. import vectors
+
+SERVER_LEARNING_RATE_HELP = "Server learning rate eta_g: w <- w + eta_g * sum_i p_i (w_i - w)."
+
+
+@dataclass
+class MeanConfig(PieceConfig):
+    server_learning_rate: float = hyperparameter(1.0, SERVER_LEARNING_RATE_HELP)
+
+    def validate(self) -> None:
+        check_number("server_learning_rate", self.server_learning_rate, low=0.0, low_open=True)
 
 
 @register_aggregator
@@ -12,17 +26,11 @@ class MeanAggregator(Aggregator):
     """``w^{t+1} = w^t + eta_g * sum_i p_i * Delta_i`` with ``Delta_i = w_i - w^t``."""
 
     name = "mean"
-    linear_in_weighted_delta = True
-
-    def __init__(self, server_learning_rate: float = 1.0):
-        self.server_learning_rate = server_learning_rate
-
-    @classmethod
-    def from_args(cls, args) -> "MeanAggregator":
-        return cls(server_learning_rate=args.server_learning_rate)
+    config_class = MeanConfig
+    capabilities = Capabilities(linear_in_weighted_delta=True)
 
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
     ) -> tuple[Tensor, StateDict]:
         delta = weighted_delta(updates, weights)
-        return torch.add(params, delta, alpha=self.server_learning_rate, out=vectors.empty_like(params)), state
+        return torch.add(params, delta, alpha=self.config.server_learning_rate), state

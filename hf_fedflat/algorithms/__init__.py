@@ -1,16 +1,23 @@
-"""Algorithm composition: pieces, registries, presets."""
+"""Algorithm composition: pieces, their hyperparameters, registries, presets."""
 
+from .affine import D, W, Affine
 from .base import (
     Aggregator,
+    Capabilities,
     ClientContext,
     ClientPiece,
     ClientUpdate,
     Correction,
+    FixedOffsetPerturbation,
     LocalResult,
     Perturbation,
+    Piece,
     RoundSummary,
+    SharpnessAware,
+    ascent_offset,
     global_norm,
 )
+from .hyperparameters import PieceConfig, check_choice, check_number, check_positive_int, hyperparameter
 from .registry import (
     AGGREGATORS,
     CORRECTIONS,
@@ -18,7 +25,10 @@ from .registry import (
     PRESETS,
     AlgorithmSpec,
     get_preset,
+    hyperparameter_fields,
     list_algorithms,
+    piece_defaults,
+    piece_hyperparameters,
     register_aggregator,
     register_correction,
     register_perturbation,
@@ -30,11 +40,14 @@ from .. import aggregators as _aggregators  # noqa: E402,F401
 from .. import corrections as _corrections  # noqa: E402,F401
 from .. import perturbations as _perturbations  # noqa: E402,F401
 from . import presets as _presets  # noqa: E402,F401
-from .composed import FederatedAlgorithm, build_algorithm, resolve_parts  # noqa: E402
+from .composed import FederatedAlgorithm, build_algorithm, build_piece, resolve_parts  # noqa: E402
 
 __all__ = [
-    "AGGREGATORS", "CORRECTIONS", "PERTURBATIONS", "PRESETS", "Aggregator", "AlgorithmSpec", "ClientContext",
-    "ClientPiece", "ClientUpdate", "Correction", "FederatedAlgorithm", "LocalResult", "Perturbation",
-    "RoundSummary", "build_algorithm", "get_preset", "global_norm", "list_algorithms", "register_aggregator",
-    "register_correction", "register_perturbation", "register_preset", "resolve_parts",
+    "AGGREGATORS", "CORRECTIONS", "PERTURBATIONS", "PRESETS", "Affine", "Aggregator", "AlgorithmSpec", "Capabilities",
+    "ClientContext", "ClientPiece", "ClientUpdate", "Correction", "D", "FederatedAlgorithm", "FixedOffsetPerturbation",
+    "LocalResult", "Perturbation", "Piece", "PieceConfig", "RoundSummary", "SharpnessAware", "W", "ascent_offset",
+    "build_algorithm", "build_piece", "check_choice", "check_number", "check_positive_int", "get_preset",
+    "global_norm", "hyperparameter", "hyperparameter_fields", "list_algorithms", "piece_defaults",
+    "piece_hyperparameters", "register_aggregator", "register_correction", "register_perturbation",
+    "register_preset", "resolve_parts",
 ]

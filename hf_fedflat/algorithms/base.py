@@ -17,7 +17,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from .. import vectors
+from .affine import Affine
+from .hyperparameters import PieceConfig
 
 Tensor = torch.Tensor
 StateDict = dict[str, Tensor]
@@ -114,10 +115,26 @@ class RoundSummary:
     learning_rate: float = 0.0  # the round's local learning rate eta_t
 
 
-class ClientPiece:
-    """Base of perturbations and corrections: optional client state and an optional server half."""
+class Piece:
+    """Base of every piece: a name, and its hyperparameters as a :class:`PieceConfig` (``Piece(config)``).
+
+    ``config_class`` declares the hyperparameters (fields named as the command-line flags, with help text,
+    defaults and ``validate()``); the registry merges them into ``FedTrainingArguments``. ``run_settings``
+    names the run's own settings (not hyperparameters, e.g. ``num_clients``) the constructor also takes, as
+    keywords.
+    """
 
     name: ClassVar[str] = ""
+    config_class: ClassVar[type[PieceConfig]] = PieceConfig
+    run_settings: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: PieceConfig | None = None):
+        self.config = config if config is not None else self.config_class()
+        self.config.validate()
+
+
+class ClientPiece(Piece):
+    """Base of perturbations and corrections: optional client state and an optional server half."""
 
     def begin(self, ctx: ClientContext) -> Any:
         """Called once per client per round before local training; returns this piece's workspace."""
@@ -145,74 +162,87 @@ class Perturbation(ClientPiece, ABC):
 
     #: forward+backward passes per optimizer step (reported in comparisons, checked in tests)
     passes_per_step: ClassVar[int] = 1
-    #: True only for the plain gradient: lets the Trainer take its ordinary step untouched.
-    is_identity: ClassVar[bool] = False
 
     @abstractmethod
     def direction(self, grad_at: GradFn, workspace: Any) -> tuple[Tensor, Tensor]:
         """Returns ``(loss, d)``: the loss to report and the direction of the step as a flat vector."""
 
-    def fixed_offset(self, workspace: Any) -> Tensor | None:
-        """Perturbations whose direction is one gradient at ``w + offset``, the offset fixed for the client's
-        round, implement this (None: at ``w``); the training step can then leave the gradient in ``p.grad``
-        (no flat copy)."""
-        raise NotImplementedError
 
-    @property
-    def single_fixed_pass(self) -> bool:
-        """Whether :meth:`fixed_offset` is implemented."""
-        return type(self).fixed_offset is not Perturbation.fixed_offset
+class FixedOffsetPerturbation(Perturbation):
+    """A step that is one gradient at ``w + e``, the offset ``e`` fixed for the client's round (ERM: none; LESAM).
 
-    def offset_estimate(self, workspace: Any, local_gradient: Tensor) -> Tensor | None:
-        """The perturbation ``e_i`` this client would apply at ``w^t`` given its full local gradient there
-        (for the perturbation-drift diagnostic); None for perturbations without one."""
-        rho = getattr(self, "rho", None)
-        if rho is None:
-            return None
-        return local_gradient * (rho / (global_norm(local_gradient) + EPS))
+    The piece gives only :meth:`offset`; its direction is ``grad_at(offset)``. Knowing the offset before the
+    pass lets the training step leave the gradient in ``p.grad`` and correct it there in place, and take the
+    Trainer's own step when there is neither an offset nor a correction.
+    """
+
+    passes_per_step: ClassVar[int] = 1
+
+    @abstractmethod
+    def offset(self, workspace: Any) -> Tensor | None:
+        """The client's offset ``e`` for this round (flat), or None: the gradient at ``w`` itself."""
+
+    def direction(self, grad_at: GradFn, workspace: Any) -> tuple[Tensor, Tensor]:
+        return grad_at(self.offset(workspace))
+
+
+class SharpnessAware(ABC):
+    """A perturbation that steps from an ascent point ``w + e_i`` (SAM-type): it can say which ``e_i`` the client
+    would use at ``w^t``, for the perturbation-drift diagnostic ``mean_i ||e_i - e_global||`` (FedLESAM Fig. 2)."""
+
+    @abstractmethod
+    def drift_offset(self, workspace: Any, local_gradient: Tensor) -> Tensor | None:
+        """This client's ``e_i`` at ``w^t`` given its full local gradient there (None: none this round)."""
+
+
+#: help text of ``rho``, the radius every SAM-type perturbation declares (each with its own default)
+RHO_HELP = "Perturbation radius of SAM-type steps (sam, gam, gam_original, lesam, smoo)."
+
+
+def ascent_offset(gradient: Tensor, rho: float) -> Tensor:
+    """``rho * g / ||g||``: SAM's ascent step for the gradient ``g`` (a new vector)."""
+    return gradient * (rho / (global_norm(gradient) + EPS))
 
 
 class Correction(ClientPiece, ABC):
-    """A term applied to the direction before the optimizer step (affine in the direction)."""
+    """A term applied to the direction before the optimizer step, written once as an affine formula.
 
-    #: whether ``apply`` reads the current weights (``params``); if not, it receives ``None``
-    uses_params: ClassVar[bool] = True
-    @property
-    def applies_in_place(self) -> bool:
-        """Whether :meth:`apply_to_grads_` is implemented."""
-        return type(self).apply_to_grads_ is not Correction.apply_to_grads_
-
-    def apply_to_grads_(self, grads: list[Tensor], params: list[Tensor] | None, workspace: Any,
-                        split: Callable[[Tensor], list[Tensor]], bias_scale: float = 1.0) -> None:
-        """:meth:`apply` on the per-parameter gradients in place: the same elementwise operations in the same
-        order, so the result is bit-identical to the flat one (tested), without flattening ``g`` and ``w``
-        every step. ``params`` are the parameters themselves; ``split(flat)`` gives the per-parameter views
-        of a vector of the workspace (made once per client: pass it vectors fixed for the round, not
-        temporaries)."""
-        raise NotImplementedError
+    :meth:`correct` receives symbols (see :mod:`hf_fedflat.algorithms.affine`) and returns the corrected
+    direction as an expression; the training step evaluates it on flat vectors or on ``p.grad`` in place
+    and multiplies every term but ``D`` by the step's ``bias_scale`` (loss scale / accumulation steps).
+    """
 
     @abstractmethod
-    def apply(self, direction: Tensor, params: Tensor | None, workspace: Any, bias_scale: float = 1.0) -> Tensor:
-        """Returns the corrected direction.
+    def correct(self, D: Affine, W: Affine, ws: Any) -> Affine:
+        """The corrected direction.
 
         Args:
-            direction: the current direction ``d`` (flat).
-            params: the current local weights ``w`` (flat); ``None`` when ``uses_params`` is False.
-            workspace: what ``begin`` returned for this client and round.
-            bias_scale: factor for the terms that do not come from the minibatch gradient. With gradient
-                accumulation over M micro-batches (and a loss scale S under fp16) those terms must be
-                added once per optimizer step, so each micro-batch adds them times ``S / M``.
+            D: the direction so far.
+            W: the current local weights.
+            ws: what :meth:`begin` returned for this client, its tensors as symbols.
         """
 
 
-class Aggregator(ABC):
+@dataclass(frozen=True)
+class Capabilities:
+    """What the machinery may rely on about an aggregator, where it cannot be read from the code.
+
+    Attributes:
+        linear_in_weighted_delta: :meth:`Aggregator.aggregate` reads the updates only through
+            ``weighted_delta(updates, weights)``, for any weights (not only ones summing to 1). FedGH in front
+            of such a rule passes the recombined weights ``C^T p`` instead of building harmonized updates.
+        decentralized: the rule mixes every client's own model with its neighbours' (gossip) instead of
+            updating one global model; such a run has no server.
+    """
+
+    linear_in_weighted_delta: bool = False
+    decentralized: bool = False
+
+
+class Aggregator(Piece, ABC):
     """The server rule: new global weights from the clients' updates."""
 
-    name: ClassVar[str] = ""
-    #: True when :meth:`aggregate` reads the updates only through ``weighted_delta(updates, weights)`` (for
-    #: any weights, not only ones that sum to 1): plug-ins that recombine updates linearly may then pass
-    #: recombined weights instead of recombined updates
-    linear_in_weighted_delta: ClassVar[bool] = False
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
     def init_state(self, params: Tensor) -> StateDict:
         return {}
@@ -226,7 +256,7 @@ class Aggregator(ABC):
 
 def weighted_sum(terms: list[Tensor], weights: Tensor) -> Tensor:
     """``sum_i p_i * v_i`` accumulated in place, in the given (deterministic) order."""
-    total = vectors.zeros_like(terms[0])
+    total = torch.zeros_like(terms[0])
     for vector, weight in zip(terms, weights.tolist()):
         total.add_(vector, alpha=weight)
     return total

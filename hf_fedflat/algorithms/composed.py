@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .base import (
     Aggregator,
@@ -11,7 +11,6 @@ from .base import (
     ClientPiece,
     ClientUpdate,
     Correction,
-    GradFn,
     LocalResult,
     Perturbation,
     RoundSummary,
@@ -46,48 +45,12 @@ class FederatedAlgorithm:
         return (self.perturbation, *self.corrections)
 
     @property
-    def is_plain_gradient(self) -> bool:
-        """True when the step direction is the minibatch gradient itself (the Trainer's own step)."""
-        return self.perturbation.is_identity and not self.corrections
-
-    @property
-    def corrects_grads_in_place(self) -> bool:
-        """True when a step is one gradient at a fixed offset followed by corrections that all have an
-        in-place form: the trainer then corrects ``p.grad`` directly (:meth:`correct_grads_`)."""
-        return self.perturbation.single_fixed_pass and all(c.applies_in_place for c in self.corrections)
-
-    def correct_grads_(self, grads: list[Tensor], params: list[Tensor], workspaces: dict[str, Any],
-                       split: Callable[[Tensor], list[Tensor]], bias_scale: float = 1.0) -> None:
-        """Every correction in order on the per-parameter gradients (see ``Correction.apply_to_grads_``)."""
-        for correction in self.corrections:
-            correction.apply_to_grads_(grads, params if correction.uses_params else None,
-                                       workspaces[correction.name], split, bias_scale)
-
-    @property
     def passes_per_step(self) -> int:
         return self.perturbation.passes_per_step
 
     # client side -----------------------------------------------------------------------------
     def begin_client(self, ctx: ClientContext) -> dict[str, Any]:
         return {piece.name: piece.begin(ctx) for piece in self.client_pieces}
-
-    def direction(
-        self,
-        grad_at: GradFn,
-        current_params: Callable[[], Tensor],
-        workspaces: dict[str, Any],
-        bias_scale: float = 1.0,
-    ) -> tuple[Tensor, Tensor]:
-        """``(loss, d)``: the perturbation's direction, then every correction in order.
-
-        ``current_params()`` returns ``w`` as a flat vector; it is called only if a correction reads ``w``
-        (a full copy per step that SCAFFOLD, say, does not need).
-        """
-        loss, direction = self.perturbation.direction(grad_at, workspaces[self.perturbation.name])
-        params = current_params() if any(c.uses_params for c in self.corrections) else None
-        for correction in self.corrections:
-            direction = correction.apply(direction, params, workspaces[correction.name], bias_scale)
-        return loss, direction
 
     def end_client(
         self, ctx: ClientContext, workspaces: dict[str, Any], result: LocalResult
@@ -172,21 +135,30 @@ def resolve_parts(fed_algorithm: str, perturbation: str | None, corrections: str
     return parts
 
 
-def build_algorithm(args) -> FederatedAlgorithm:
-    """Build the composition named by ``args`` (a :class:`~hf_fedflat.FedTrainingArguments`).
+def build_piece(cls: type, args) -> Any:
+    """``cls(config, **run settings)`` with the config's fields read from ``args`` (None: the piece's default)."""
+    settings = {name: getattr(args, name) for name in cls.run_settings}
+    return cls(cls.config_class.from_args(args), **settings)
 
-    Each piece reads its own hyperparameters from ``args`` in its ``from_args``.
+
+def build_algorithm(args) -> FederatedAlgorithm:
+    """Build the composition named by ``args`` (a :class:`~hf_fedflat.FedTrainingArguments`, or any object with
+    its fields as attributes).
+
+    Each piece's config is read from the attributes named as its fields; a missing or ``None`` one takes the
+    piece's default.
     """
     perturbation, corrections, aggregator = resolve_parts(
-        args.fed_algorithm, args.perturbation, args.corrections, args.aggregator
+        args.fed_algorithm, getattr(args, "perturbation", None), getattr(args, "corrections", None),
+        getattr(args, "aggregator", None),
     )
     aggregator_base, plugins = split_plugins(aggregator)
-    server_rule = AGGREGATORS[aggregator_base].from_args(args)
+    server_rule = build_piece(AGGREGATORS[aggregator_base], args)
     for plugin in plugins:  # "mean+fedgh": FedGH wraps the mean
         server_rule = AGGREGATOR_PLUGINS[plugin](server_rule)
     return FederatedAlgorithm(
         name=args.fed_algorithm,
-        perturbation=PERTURBATIONS[perturbation].from_args(args),
-        corrections=tuple(CORRECTIONS[name].from_args(args) for name in corrections),
+        perturbation=build_piece(PERTURBATIONS[perturbation], args),
+        corrections=tuple(build_piece(CORRECTIONS[name], args) for name in corrections),
         aggregator=server_rule,
     )

@@ -1,11 +1,15 @@
-"""Registries: piece name -> class, preset name -> :class:`AlgorithmSpec`.
+"""Registries: piece name -> class (with its hyperparameters), preset name -> :class:`AlgorithmSpec`.
 
-A new method costs one small file (a piece registered with a decorator) plus one preset line.
+A new method costs one small file (a piece with its config, registered with a decorator) plus one preset
+line. The registry also knows every piece's hyperparameters: :func:`hyperparameter_fields` merges them
+into the flags of ``FedTrainingArguments`` and :func:`piece_hyperparameters` says which flags one piece
+reads (model card, checkpoint fingerprint).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
@@ -18,6 +22,8 @@ PRESETS: dict[str, "AlgorithmSpec"] = {}
 #: aggregator plug-ins written as a suffix: ``"fedadam+fedgh"`` = FedGH harmonization in front of FedAdam
 AGGREGATOR_PLUGINS: dict[str, type] = {}
 PLUGIN_SEPARATOR = "+"
+#: kind -> registry, for :func:`piece_hyperparameters`
+TABLES = {"perturbation": PERTURBATIONS, "correction": CORRECTIONS, "aggregator": AGGREGATORS}
 
 T = TypeVar("T")
 
@@ -28,7 +34,15 @@ def _register(table: dict[str, type], kind: str):
             raise ValueError(f"{cls.__qualname__} must set a class attribute `name` to be registered as a {kind}.")
         if cls.name in table:
             raise ValueError(f"A {kind} named {cls.name!r} is already registered ({table[cls.name].__qualname__}).")
+        config_class = cls.config_class
+        if not dataclasses.is_dataclass(config_class):
+            raise TypeError(f"{cls.__qualname__}.config_class must be a dataclass (a PieceConfig subclass).")
+        _check_consistent(cls, config_class)
         table[cls.name] = cls
+        if kind == "perturbation" and "rho" in {f.name for f in dataclasses.fields(config_class)}:
+            # TRANSITIONAL: config.py reads ``default_rho`` until it resolves unset fields with piece_defaults();
+            # remove this once it does
+            cls.default_rho = config_class().rho
         return cls
 
     return decorator
@@ -37,6 +51,75 @@ def _register(table: dict[str, type], kind: str):
 register_perturbation = _register(PERTURBATIONS, "perturbation")
 register_correction = _register(CORRECTIONS, "correction")
 register_aggregator = _register(AGGREGATORS, "aggregator")
+
+
+def _config_types(config_class: type) -> dict[str, Any]:
+    return typing.get_type_hints(config_class)
+
+
+def _registered_configs() -> list[tuple[str, type]]:
+    """``(piece name, config class)`` of every registered piece, perturbations, corrections, aggregators."""
+    return [(name, cls.config_class) for table in TABLES.values() for name, cls in table.items()]
+
+
+def _check_consistent(cls: type, config_class: type) -> None:
+    """A field of the same name in two pieces must have the same type (it is one flag)."""
+    types = _config_types(config_class)
+    for other_name, other in _registered_configs():
+        other_types = _config_types(other)
+        for name, kind in types.items():
+            if name in other_types and other_types[name] != kind:
+                raise TypeError(f"{cls.__qualname__}: hyperparameter {name!r} is {kind} here but {other_types[name]} "
+                                f"in {other_name!r}; one flag needs one type.")
+
+
+def piece_hyperparameters(kind: str, name: str) -> tuple[str, ...]:
+    """The hyperparameters (flag names) the ``kind`` (perturbation, correction, aggregator) ``name`` reads."""
+    if kind not in TABLES:
+        raise ValueError(f"kind must be one of {tuple(TABLES)}, got {kind!r}.")
+    return tuple(f.name for f in dataclasses.fields(TABLES[kind][name].config_class))
+
+
+def piece_defaults(kind: str, name: str) -> dict[str, Any]:
+    """The piece's own default of each of its hyperparameters."""
+    config = TABLES[kind][name].config_class()
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def hyperparameter_fields() -> list[dataclasses.Field]:
+    """One ``dataclasses.Field`` per hyperparameter of all registered pieces, for ``FedTrainingArguments``.
+
+    Every field defaults to ``None`` ("unset": the preset's default, else the piece's own) and is typed
+    ``T | None``; its help text is the first declaring piece's, plus the default of every piece declaring it.
+    Sorted by name.
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for piece, config_class in _registered_configs():
+        types = _config_types(config_class)
+        defaults = config_class()
+        for f in dataclasses.fields(config_class):
+            entry = merged.setdefault(f.name, {"type": types[f.name], "help": f.metadata.get("help", ""),
+                                               "defaults": {}})
+            entry["defaults"][piece] = getattr(defaults, f.name)
+    fields = []
+    for name in sorted(merged):
+        entry = merged[name]
+        by_value: dict[str, list[str]] = {}
+        for piece, value in entry["defaults"].items():
+            by_value.setdefault(repr(value), []).append(piece)
+        if len(by_value) == 1:
+            default_text = f"else {next(iter(by_value))}"
+        else:
+            default_text = "else the piece's own (" + ", ".join(
+                f"{'/'.join(pieces)} {value}" for value, pieces in by_value.items()) + ")"
+        help_text = f"{entry['help']} Unset: the preset's default, {default_text}."
+        kind = entry["type"]
+        base = [a for a in typing.get_args(kind) if a is not type(None)] if type(None) in typing.get_args(kind) else [kind]
+        optional = typing.Optional[base[0]]  # typing.Optional, not ``X | None``: what HfArgumentParser reads
+        f = dataclasses.field(default=None, metadata={"help": help_text})
+        f.name, f.type = name, optional
+        fields.append(f)
+    return fields
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,20 @@ Reference: Acar et al., "Federated Learning Based on Dynamic Regularization", IC
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..algorithms.base import ClientContext, Correction, LocalResult, StateDict, Tensor
+from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_correction
-from .. import vectors
+
+@dataclass
+class FedDynConfig(PieceConfig):
+    feddyn_alpha: float = hyperparameter(0.1, "FedDyn / FedSMOO / FedLESAM-D: weight alpha of the dynamic regulariser.")
+
+    def validate(self) -> None:
+        check_number("feddyn_alpha", self.feddyn_alpha, low=0.0)
 
 
 @register_correction
@@ -21,30 +30,18 @@ class FedDynCorrection(Correction):
     """
 
     name = "feddyn"
-
-    def __init__(self, alpha: float = 0.1):
-        self.alpha = alpha
-
-    @classmethod
-    def from_args(cls, args) -> "FedDynCorrection":
-        return cls(alpha=args.feddyn_alpha)
+    config_class = FedDynConfig
 
     def begin(self, ctx: ClientContext) -> dict[str, Tensor]:
         h = ctx.state.get(self.name, {}).get("h")
         if h is None:
             h = torch.zeros_like(ctx.global_params)
         # alpha*(w - w^t) + alpha*h = alpha*w + alpha*(h - w^t): one constant vector per round
-        return {"h": h, "shift": torch.sub(h, ctx.global_params, out=vectors.empty_like(h))}
+        return {"h": h, "shift": torch.sub(h, ctx.global_params)}
 
-    def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
-        scale = self.alpha * bias_scale
-        return torch.add(direction, params, alpha=scale, out=vectors.empty_like(direction)).add_(workspace["shift"], alpha=scale)
-
-    def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
-        scale = self.alpha * bias_scale
-        torch._foreach_add_(grads, params, alpha=scale)
-        torch._foreach_add_(grads, split(workspace["shift"]), alpha=scale)
+    def correct(self, D, W, ws):
+        alpha = self.config.feddyn_alpha
+        return D + alpha * W + alpha * ws["shift"]
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
-        h = workspace["h"]
-        return {"h": torch.add(h, result.delta, out=vectors.empty_like(h))}, {}
+        return {"h": torch.add(workspace["h"], result.delta)}, {}

@@ -6,11 +6,22 @@ References: Qu et al., "Generalized Federated Learning via Sharpness Aware Minim
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..algorithms.base import ClientContext, Correction, RoundSummary, StateDict, Tensor, weighted_delta
+from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_correction
-from .. import vectors
+
+
+@dataclass
+class MomentumConfig(PieceConfig):
+    momentum_alpha: float = hyperparameter(
+        0.1, "MoFedSAM: d <- a*d + (1-a)*m with m the last global update per local step; a (0.1).")
+
+    def validate(self) -> None:
+        check_number("momentum_alpha", self.momentum_alpha, low=0.0, high=1.0)
 
 
 @register_correction
@@ -23,29 +34,17 @@ class MomentumCorrection(Correction):
     """
 
     name = "momentum"
-    uses_params = False
-
-    def __init__(self, alpha: float = 0.1):
-        self.alpha = alpha
-
-    @classmethod
-    def from_args(cls, args) -> "MomentumCorrection":
-        return cls(alpha=args.momentum_alpha)
+    config_class = MomentumConfig
 
     def begin(self, ctx: ClientContext) -> Tensor | None:
         state = ctx.broadcast[self.name]
         return state["m"] if bool(state["ready"].item()) else None
 
-    def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
-        if workspace is None:
-            return direction
-        return torch.mul(direction, self.alpha, out=vectors.empty_like(direction)).add_(workspace, alpha=(1 - self.alpha) * bias_scale)
-
-    def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
-        if workspace is None:
-            return
-        torch._foreach_mul_(grads, self.alpha)
-        torch._foreach_add_(grads, split(workspace), alpha=(1 - self.alpha) * bias_scale)
+    def correct(self, D, W, m):
+        if m is None:  # round 0: no global update yet
+            return D
+        a = self.config.momentum_alpha
+        return a * D + (1 - a) * m
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"m": torch.zeros_like(params), "ready": torch.zeros(1)}

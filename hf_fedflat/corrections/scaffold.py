@@ -6,11 +6,22 @@ ICML 2020 (option II for ``c_i``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..algorithms.base import ClientContext, Correction, LocalResult, RoundSummary, StateDict, Tensor
+from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_correction
-from .. import vectors
+
+
+@dataclass
+class ScaffoldConfig(PieceConfig):
+    scaffold_lambda: float = hyperparameter(
+        1.0, "Scale of the SCAFFOLD correction lambda_c*(c - c_i) (1 in the paper).")
+
+    def validate(self) -> None:
+        check_number("scaffold_lambda", self.scaffold_lambda)
 
 
 @register_correction
@@ -28,32 +39,16 @@ class ScaffoldCorrection(Correction):
     """
 
     name = "scaffold"
-    uses_params = False
-
-    def __init__(self, scale: float = 1.0):
-        self.scale = scale
-
-    @classmethod
-    def from_args(cls, args) -> "ScaffoldCorrection":
-        return cls(scale=args.scaffold_lambda)
+    config_class = ScaffoldConfig
 
     def begin(self, ctx: ClientContext) -> dict[str, Tensor]:
         c = ctx.broadcast[self.name]["c"]
         c_i = ctx.state.get(self.name, {}).get("c_i")  # None: zeros (first participation)
         # The step adds c - c_i; the workspace keeps c_i - c, from which end() makes c_i+ in one pass.
-        c_i_minus_c = vectors.empty_like(c)
-        if c_i is None:
-            torch.neg(c, out=c_i_minus_c)
-        else:
-            torch.sub(c_i, c, out=c_i_minus_c)
-        return {"c_i": c_i, "c_i_minus_c": c_i_minus_c}
+        return {"c_i": c_i, "c_i_minus_c": torch.neg(c) if c_i is None else torch.sub(c_i, c)}
 
-    def apply(self, direction: Tensor, params: Tensor | None, workspace, bias_scale: float = 1.0) -> Tensor:
-        return torch.sub(direction, workspace["c_i_minus_c"], alpha=self.scale * bias_scale,
-                         out=vectors.empty_like(direction))
-
-    def apply_to_grads_(self, grads, params, workspace, split, bias_scale: float = 1.0) -> None:
-        torch._foreach_add_(grads, split(workspace["c_i_minus_c"]), alpha=-self.scale * bias_scale)
+    def correct(self, D, W, ws):
+        return D - self.config.scaffold_lambda * ws["c_i_minus_c"]
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
         c_i_minus_c = workspace["c_i_minus_c"]
@@ -61,9 +56,7 @@ class ScaffoldCorrection(Correction):
             c_i = workspace["c_i"]
             return {"c_i": torch.zeros_like(c_i_minus_c) if c_i is None else c_i}, {}
         # c_i+ = c_i - c + (w^t - w_i) / (K * eta) = (c_i - c) - Delta_i / (K * eta): one pass
-        c_i_new = torch.sub(c_i_minus_c, result.delta, alpha=1.0 / (result.num_steps * ctx.learning_rate),
-                            out=vectors.empty_like(c_i_minus_c))
-        return {"c_i": c_i_new}, {}
+        return {"c_i": torch.sub(c_i_minus_c, result.delta, alpha=1.0 / (result.num_steps * ctx.learning_rate))}, {}
 
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"c": torch.zeros_like(params)}
@@ -76,7 +69,7 @@ class ScaffoldCorrection(Correction):
         if summary.learning_rate <= 0:
             raise ValueError(f"SCAFFOLD's server update needs the round's learning rate, got {summary.learning_rate}")
         n = summary.num_clients
-        c = torch.mul(server_state["c"], 1.0 - len(stepped) / n, out=vectors.empty_like(server_state["c"]))
+        c = torch.mul(server_state["c"], 1.0 - len(stepped) / n)
         for update in stepped:
             c.add_(update.delta, alpha=-1.0 / (n * update.num_steps * summary.learning_rate))
         return {"c": c}

@@ -4,7 +4,7 @@ There is no server and no global model: every client keeps its own model ``x_i``
 training every client replaces it by ``x_i <- sum_j (W^Q)_ij z_j`` (``z_j``: client ``j``'s model after
 its local round, or ``x_j`` if it did not train; ``Q`` gossip steps). The piece is registered as an
 aggregator so that presets compose it like any other server rule (``dfedsam`` = ``sam`` x ``gossip``);
-its class attribute ``decentralized = True`` is what makes a run decentralized (see
+its capability ``decentralized=True`` is what makes a run decentralized (see
 :func:`hf_fedflat.decentralized.trainer_class_for`), never the algorithm's name.
 
 Reference for the scheme: Sun et al., "Decentralized Federated Averaging", IEEE TPAMI 2022 (DFedAvg);
@@ -13,14 +13,16 @@ Lian et al., D-PSGD, NeurIPS 2017.
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor
+from ..algorithms.base import Aggregator, Capabilities, ClientUpdate, StateDict, Tensor
+from ..algorithms.hyperparameters import PieceConfig, check_choice, check_positive_int, fail, hyperparameter
 from ..algorithms.registry import register_aggregator
-from .topology import MixingMatrix, Topology
+from .topology import TOPOLOGIES, MixingMatrix, Topology, load_edges
 
 #: store key of a client's own model (``{"gossip": {"params": x_i, "buffers": ...}}``)
 GOSSIP_KEY = "gossip"
@@ -57,12 +59,33 @@ def gossip_rows(
 
 def is_decentralized(aggregator) -> bool:
     """Whether an aggregator (class or instance) mixes per-client models instead of updating a global one."""
-    return bool(getattr(aggregator, "decentralized", False))
+    return aggregator.capabilities.decentralized
+
+
+@dataclass
+class GossipConfig(PieceConfig):
+    topology: str = hyperparameter(
+        "random_regular",
+        "Decentralized runs: communication graph (ring, full, exponential, random_regular, random_k_out, graph).")
+    topology_degree: int = hyperparameter(
+        10, "Neighbours per client of random_regular / random_k_out (seed: at most 10).")
+    topology_redraw: bool = hyperparameter(
+        False, "Draw a new random topology every round (random_regular / random_k_out).")
+    topology_edges: str | None = hyperparameter(
+        None, "topology=graph: path to a JSON list of undirected edges [[i, j], ...]; Metropolis-Hastings weights.")
+    gossip_steps: int = hyperparameter(1, "Gossip steps Q per round (mixing with W^Q).")
+
+    def validate(self) -> None:
+        check_choice("topology", self.topology, TOPOLOGIES)
+        check_positive_int("topology_degree", self.topology_degree)
+        check_positive_int("gossip_steps", self.gossip_steps)
+        if self.topology == "graph" and not self.topology_edges:
+            fail("topology_edges", "topology='graph' needs a JSON file of undirected edges [[i, j], ...].")
 
 
 @register_aggregator
 class GossipAggregator(Aggregator):
-    """``x_i <- sum_j (W^Q)_ij z_j`` over the topology of ``args.topology`` (Q = ``gossip_steps``).
+    """``x_i <- sum_j (W^Q)_ij z_j`` over the configured topology (Q = ``gossip_steps``).
 
     Holds the run's :class:`Topology`; :meth:`mixing_matrix` gives the round's ``W`` (whose spectral gap
     the trainer logs) and :meth:`mix` applies ``W^Q``. The Q steps are applied as one matrix ``W^Q``
@@ -70,17 +93,17 @@ class GossipAggregator(Aggregator):
     """
 
     name = "gossip"
-    decentralized: ClassVar[bool] = True
+    config_class = GossipConfig
+    run_settings = ("num_clients", "seed")
+    capabilities = Capabilities(decentralized=True)
 
-    def __init__(self, topology: Topology, gossip_steps: int = 1):
-        if gossip_steps < 1:
-            raise ValueError(f"gossip_steps must be >= 1, got {gossip_steps}.")
-        self.topology = topology
-        self.gossip_steps = gossip_steps
-
-    @classmethod
-    def from_args(cls, args) -> "GossipAggregator":
-        return cls(Topology.from_args(args), args.gossip_steps)
+    def __init__(self, config: GossipConfig | None = None, num_clients: int = 1, seed: int = 0):
+        super().__init__(config)
+        c = self.config
+        edges = load_edges(c.topology_edges) if c.topology == "graph" else None
+        self.topology = Topology(c.topology, num_clients, degree=c.topology_degree, redraw=c.topology_redraw,
+                                 edges=edges, seed=seed)
+        self.gossip_steps = c.gossip_steps
 
     def mixing_matrix(self, round_index: int) -> MixingMatrix:
         return self.topology.matrix(round_index)

@@ -7,9 +7,12 @@ two-pass form of their eq. (19).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..algorithms.base import EPS, GradFn, Perturbation, Tensor, global_norm
+from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset, global_norm
+from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_perturbation
 
 
@@ -21,8 +24,19 @@ def _unit(vector: Tensor) -> Tensor | None:
     return vector / (norm + EPS)
 
 
+@dataclass
+class GAMConfig(PieceConfig):
+    rho: float = hyperparameter(0.02, RHO_HELP)
+    gam_alpha: float = hyperparameter(
+        0.2, "GAM (FedGAM form): weight alpha in d = g + alpha*rho*grad F(w + rho*g/||g||) (paper: 0.2).")
+
+    def validate(self) -> None:
+        check_number("rho", self.rho, low=0.0)
+        check_number("gam_alpha", self.gam_alpha, low=0.0)
+
+
 @register_perturbation
-class GAMPerturbation(Perturbation):
+class GAMPerturbation(Perturbation, SharpnessAware):
     """FedGAM's step: ``d = g + alpha * rho * grad F(w + rho * g/||g||; B)`` on the same minibatch B.
 
     The second term is the gradient of the first-order flatness surrogate ``rho * ||grad F||`` evaluated
@@ -32,28 +46,41 @@ class GAMPerturbation(Perturbation):
 
     name = "gam"
     passes_per_step = 2
-    default_rho = 0.02
-
-    def __init__(self, rho: float = 0.02, alpha: float = 0.2):
-        if rho < 0 or alpha < 0:
-            raise ValueError(f"rho and alpha must be >= 0, got rho={rho}, alpha={alpha}.")
-        self.rho, self.alpha = rho, alpha
-
-    @classmethod
-    def from_args(cls, args) -> "GAMPerturbation":
-        return cls(rho=args.rho, alpha=args.gam_alpha)
+    config_class = GAMConfig
 
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
+        rho, alpha = self.config.rho, self.config.gam_alpha
         loss, grad = grad_at(None)
         unit = _unit(grad)
         if unit is None:
             return loss, grad
-        _, ascent_grad = grad_at(unit * self.rho)
-        return loss, grad.add_(ascent_grad, alpha=self.alpha * self.rho)
+        _, ascent_grad = grad_at(unit * rho)
+        return loss, grad.add_(ascent_grad, alpha=alpha * rho)
+
+    def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
+        return ascent_offset(local_gradient, self.config.rho)
+
+
+@dataclass
+class OriginalGAMConfig(PieceConfig):
+    rho: float = hyperparameter(0.2, RHO_HELP)
+    gam_rho_prime: float = hyperparameter(
+        0.03, "Original GAM: radius rho' of the inner gradient-norm perturbation (0.03).")
+    gam_grad_alpha: float = hyperparameter(
+        0.1, "Original GAM: alpha mixing g1 and g3 in h+ = alpha*g1 + (1-alpha)*g3 (0.1).")
+    gam_grad_beta: float = hyperparameter(
+        0.1, "Original GAM: beta mixing g0 and g2 in h- = beta*g0 + (1-beta)*g2 (0.1).")
+    gam_gamma: float = hyperparameter(0.05, "Original GAM: weight gamma of the projected h- term (0.05).")
+
+    def validate(self) -> None:
+        check_number("rho", self.rho, low=0.0)
+        check_number("gam_rho_prime", self.gam_rho_prime, low=0.0)
+        for name in ("gam_grad_alpha", "gam_grad_beta", "gam_gamma"):
+            check_number(name, getattr(self, name), low=0.0, high=1.0)
 
 
 @register_perturbation
-class OriginalGAMPerturbation(Perturbation):
+class OriginalGAMPerturbation(Perturbation, SharpnessAware):
     """The accelerated GAM of Zhang et al. (official code), four passes per step.
 
     ``g0 = grad(w)``, ``g1 = grad(w + rho' g0/||g0||)``, ``h0 = g1 - g0``, ``w2 = w + rho h0/||h0||``,
@@ -64,34 +91,29 @@ class OriginalGAMPerturbation(Perturbation):
 
     name = "gam_original"
     passes_per_step = 4
-    default_rho = 0.2
-
-    def __init__(self, rho: float = 0.2, rho_prime: float = 0.03, alpha: float = 0.1, beta: float = 0.1,
-                 gamma: float = 0.05):
-        self.rho, self.rho_prime, self.alpha, self.beta, self.gamma = rho, rho_prime, alpha, beta, gamma
-
-    @classmethod
-    def from_args(cls, args) -> "OriginalGAMPerturbation":
-        return cls(rho=args.rho, rho_prime=args.gam_rho_prime, alpha=args.gam_grad_alpha,
-                   beta=args.gam_grad_beta, gamma=args.gam_gamma)
+    config_class = OriginalGAMConfig
 
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
+        c = self.config
         loss, g0 = grad_at(None)
         unit0 = _unit(g0)
         if unit0 is None:
             return loss, g0
-        _, g1 = grad_at(unit0 * self.rho_prime)
+        _, g1 = grad_at(unit0 * c.gam_rho_prime)
         unit_h0 = _unit(g1 - g0)
         if unit_h0 is None:
             return loss, g0
-        offset2 = unit_h0 * self.rho
+        offset2 = unit_h0 * c.rho
         _, g2 = grad_at(offset2)
         unit2 = _unit(g2)
         if unit2 is None:
             return loss, g0
-        _, g3 = grad_at(offset2 + unit2 * self.rho_prime)
-        h_plus = g1.mul(self.alpha).add_(g3, alpha=1 - self.alpha)
-        h_minus = g0.mul(self.beta).add_(g2, alpha=1 - self.beta)
+        _, g3 = grad_at(offset2 + unit2 * c.gam_rho_prime)
+        h_plus = g1.mul(c.gam_grad_alpha).add_(g3, alpha=1 - c.gam_grad_alpha)
+        h_minus = g0.mul(c.gam_grad_beta).add_(g2, alpha=1 - c.gam_grad_beta)
         along = torch.dot(h_minus, h_plus) / (torch.dot(h_plus, h_plus) + EPS)
         orthogonal = h_minus.sub_(h_plus, alpha=float(along))
-        return loss, h_plus.sub_(orthogonal, alpha=self.gamma)
+        return loss, h_plus.sub_(orthogonal, alpha=c.gam_gamma)
+
+    def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
+        return ascent_offset(local_gradient, self.config.rho)

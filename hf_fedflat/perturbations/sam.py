@@ -4,14 +4,27 @@ Reference: Foret et al., "Sharpness-Aware Minimization for Efficiently Improving
 ICLR 2021; in FL: Qu et al., ICML 2022 (FedSAM), Caldarola et al., ECCV 2022.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 import torch
 
-from ..algorithms.base import EPS, GradFn, Perturbation, Tensor, global_norm
+from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset, global_norm
+from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_perturbation
 
 
+@dataclass
+class SAMConfig(PieceConfig):
+    rho: float = hyperparameter(0.05, RHO_HELP)
+
+    def validate(self) -> None:
+        check_number("rho", self.rho, low=0.0)
+
+
 @register_perturbation
-class SAMPerturbation(Perturbation):
+class SAMPerturbation(Perturbation, SharpnessAware):
     """``e = rho * g / ||g||``, ``d = grad F(w + e; B)`` on the same minibatch B.
 
     The norm is global over all trainable parameters. When ``||g||`` is not finite (an fp16 overflow
@@ -22,20 +35,15 @@ class SAMPerturbation(Perturbation):
 
     name = "sam"
     passes_per_step = 2
-
-    def __init__(self, rho: float = 0.05):
-        if rho < 0:
-            raise ValueError(f"rho must be >= 0, got {rho}.")
-        self.rho = rho
-
-    @classmethod
-    def from_args(cls, args) -> "SAMPerturbation":
-        return cls(rho=args.rho)
+    config_class = SAMConfig
 
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
         loss, grad = grad_at(None)
         norm = global_norm(grad)
         if not torch.isfinite(norm):
             return loss, grad
-        _, perturbed_grad = grad_at(grad * (self.rho / (norm + EPS)))
+        _, perturbed_grad = grad_at(grad * (self.config.rho / (norm + EPS)))
         return loss, perturbed_grad
+
+    def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
+        return ascent_offset(local_gradient, self.config.rho)

@@ -6,14 +6,28 @@ Approaching Global Consistency and Smooth Landscape", ICML 2023 (FedSMOO).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..algorithms.base import EPS, ClientContext, GradFn, LocalResult, Perturbation, RoundSummary, StateDict, Tensor, global_norm
+from ..algorithms.base import (
+    EPS, RHO_HELP, ClientContext, GradFn, LocalResult, Perturbation, RoundSummary, SharpnessAware, StateDict, Tensor,
+    ascent_offset, global_norm,
+)
+from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_perturbation
 
 
+@dataclass
+class SMOOConfig(PieceConfig):
+    rho: float = hyperparameter(0.05, RHO_HELP)
+
+    def validate(self) -> None:
+        check_number("rho", self.rho, low=0.0)
+
+
 @register_perturbation
-class SMOOPerturbation(Perturbation):
+class SMOOPerturbation(Perturbation, SharpnessAware):
     """Per step: ``g_hat = g - mu_i - s``; ``e = rho * g_hat/||g_hat||``; ``mu_i += e - s``; ``d = grad F_i(w+e; B)``.
 
     Client state ``{"mu"}`` (zeros at first); the message is the client's final ``mu_i``. Server half:
@@ -24,14 +38,7 @@ class SMOOPerturbation(Perturbation):
 
     name = "smoo"
     passes_per_step = 2
-    default_rho = 0.05
-
-    def __init__(self, rho: float = 0.05):
-        self.rho = rho
-
-    @classmethod
-    def from_args(cls, args) -> "SMOOPerturbation":
-        return cls(rho=args.rho)
+    config_class = SMOOConfig
 
     def begin(self, ctx: ClientContext) -> dict[str, Tensor]:
         s = ctx.broadcast[self.name]["s"]
@@ -45,10 +52,13 @@ class SMOOPerturbation(Perturbation):
         norm = global_norm(corrected)
         if not torch.isfinite(norm):
             return loss, grad
-        offset = corrected.mul_(self.rho / (norm + EPS))
+        offset = corrected.mul_(self.config.rho / (norm + EPS))
         mu.add_(offset).sub_(s)
         _, perturbed_grad = grad_at(offset)
         return loss, perturbed_grad
+
+    def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
+        return ascent_offset(local_gradient, self.config.rho)
 
     def end(self, ctx: ClientContext, workspace, result: LocalResult) -> tuple[StateDict, StateDict]:
         return {"mu": workspace["mu"]}, {"mu": workspace["mu"]}
@@ -58,4 +68,4 @@ class SMOOPerturbation(Perturbation):
 
     def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
         mean_mu = torch.stack([u.messages[self.name]["mu"] for u in summary.updates]).mean(dim=0)
-        return {"s": mean_mu.mul_(self.rho / (global_norm(mean_mu) + EPS))}
+        return {"s": mean_mu.mul_(self.config.rho / (global_norm(mean_mu) + EPS))}

@@ -1,0 +1,74 @@
+"""Hyperparameters beside their piece: a small config dataclass per piece, validated by the piece.
+
+Every piece declares its hyperparameters as a :class:`PieceConfig` subclass in its own file::
+
+    @dataclass
+    class ProxConfig(PieceConfig):
+        prox_mu: float = hyperparameter(0.01, "FedProx: weight mu of the proximal term mu*(w - w^t).")
+
+        def validate(self) -> None:
+            check_number("prox_mu", self.prox_mu, low=0.0)
+
+Field names are the command-line flags (``--prox_mu``): two pieces reading the same knob (``rho``,
+``feddyn_alpha``, ``server_learning_rate``) declare a field of the same name and type, each with its own
+default. The registry merges them into the flags of ``FedTrainingArguments``
+(:func:`~hf_fedflat.algorithms.registry.hyperparameter_fields`); ``validate`` raises
+``ValueError("<field>: <what to do>")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+
+def hyperparameter(default: Any, help: str) -> Any:
+    """A config field with its default and its ``--help`` text."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclass
+class PieceConfig:
+    """Base of the pieces' config dataclasses; subclasses add fields and checks."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError("<field>: ...")`` for a value the piece cannot use."""
+
+    @classmethod
+    def from_args(cls, args: Any) -> "PieceConfig":
+        """This config from any object with the fields as attributes (``FedTrainingArguments``); a missing or
+        ``None`` attribute takes this config's default."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            value = getattr(args, f.name, None)
+            if value is not None:
+                values[f.name] = value
+        return cls(**values)
+
+
+def fail(name: str, message: str) -> None:
+    raise ValueError(f"{name}: {message}")
+
+
+def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
+                 low_open: bool = False) -> None:
+    """A finite number in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        fail(name, f"must be a finite number, got {value!r}.")
+    if low is not None and (value <= low if low_open else value < low):
+        fail(name, f"must be {'>' if low_open else '>='} {low}, got {value}.")
+    if high is not None and value > high:
+        fail(name, f"must be <= {high}, got {value}.")
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        fail(name, f"must be an integer >= 1, got {value!r}.")
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        fail(name, f"must be one of {choices}, got {value!r}.")
