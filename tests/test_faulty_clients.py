@@ -58,7 +58,7 @@ def inject(trainer, *, raises=(), nan=(), scale=None):
 def test_raising_nan_and_oversized_clients_are_excluded_and_logged(tmp_path, caplog):
     trainer, capture = make(tmp_path, max_update_norm=50.0)
     inject(trainer, raises={1}, nan={4}, scale={2: 1e4})
-    with caplog.at_level(logging.WARNING, logger="hf_fedflat.federation.trainer"):
+    with caplog.at_level(logging.WARNING, logger="hf_fedflat.federation.client"):
         output = trainer.train()
     for record in output.history:
         assert record["clients"] == [0, 3, 5] and record["num_clients"] == 3
@@ -129,7 +129,7 @@ def test_clients_without_a_full_batch_under_drop_last_are_skipped_with_the_reaso
 
 
 def test_a_non_finite_new_state_is_caught_and_a_handed_back_global_model_is_not_checked_again(tmp_path, monkeypatch):
-    import hf_fedflat.federation.trainer as trainer_module
+    import hf_fedflat.federation.client as client_module
 
     # SCAFFOLD: a NaN in the new c_i (not in the update) excludes the client and its state is not written
     trainer, _ = make(tmp_path / "scaffold", num_rounds=1)
@@ -148,8 +148,8 @@ def test_a_non_finite_new_state_is_caught_and_a_handed_back_global_model_is_not_
 
     # FedLESAM hands w^t back as w_old_i: checked once by the server's run, not again per client
     checked = []
-    real_all_finite = trainer_module.all_finite
-    monkeypatch.setattr(trainer_module, "all_finite", lambda tensors: checked.append(list(tensors)) or real_all_finite(tensors))
+    real_all_finite = client_module.all_finite
+    monkeypatch.setattr(client_module, "all_finite", lambda tensors: checked.append(list(tensors)) or real_all_finite(tensors))
     trainer, capture = make(tmp_path / "lesam", fed_algorithm="fedlesam", num_rounds=1)
     trainer.train()
     start = capture.starts[0]

@@ -1,4 +1,4 @@
-"""Decentralized federated learning: topologies, gossip, and the trainer without a server.
+"""Decentralized federated learning: topologies, gossip, the gossip round strategy and its trainer.
 
 Importing this package registers the ``gossip`` aggregator and the presets ``dfedavg``, ``dfedavgm``,
 ``dpsgd``, ``dfedsam`` and ``dfedgam``.
@@ -21,10 +21,12 @@ from .topology import (
     uniform_neighbour_weights,
     validate_mixing_matrix,
 )
+from .strategy import GossipStrategy
 from .trainer import DecentralizedTrainer, create_trainer, trainer_class_for
 
 __all__ = [
-    "GOSSIP_KEY", "TOPOLOGIES", "DecentralizedTrainer", "GossipAggregator", "MixingMatrix", "Topology",
+    "GOSSIP_KEY", "TOPOLOGIES", "DecentralizedTrainer", "GossipAggregator", "GossipStrategy", "MixingMatrix",
+    "Topology",
     "create_trainer", "exponential", "fully_connected", "gossip_rows", "is_decentralized", "load_edges",
     "metropolis_hastings", "random_k_out", "random_regular", "ring", "spectral_gap", "trainer_class_for",
     "uniform_neighbour_weights", "validate_mixing_matrix",

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from ..aggregators.fedgh import gradient_conflicts
-from ..algorithms.base import EPS, ClientUpdate
+from ..algorithms.base import EPS, ClientUpdate, SharpnessAware
 from ..io import atomic_write_json
+from ..metrics import correct_predictions, evaluate_model, per_client_accuracy
 from .landscape import global_sharpness, loss_and_gradient, loss_surface, plot_loss_surface
 
 DIAGNOSTICS_MESSAGE = "diagnostics"
@@ -42,11 +43,22 @@ def tensor_bytes(tensors) -> int:
 
 
 class RunDiagnostics:
-    """What a :class:`~hf_fedflat.FederatedTrainer` measures besides loss and accuracy."""
+    """What a federated run measures besides loss and accuracy.
 
-    def __init__(self, fed_trainer):
-        self.fed = fed_trainer
-        self.args = fed_trainer.args
+    It holds the run's settings and data only; every call gets what it measures explicitly: the local
+    ``ClientTrainer`` (holding the model), a ``load_weights(params, buffers)`` function, the perturbation.
+
+    Args:
+        args: the run's arguments (``diagnostics``, ``diagnostics_num_samples``, ``rho``, ``seed``, ...).
+        train_dataset: the full training set (``train_accuracy``, ``sharpness`` and the loss surface use a
+            fixed seeded subset of it; ``client_accuracy`` all of it).
+        client_indices: each client's rows in ``train_dataset`` (``client_accuracy``).
+    """
+
+    def __init__(self, args, train_dataset, client_indices):
+        self.args = args
+        self.train_dataset = train_dataset
+        self.client_indices = client_indices
         self.enabled = set(self.args.diagnostics_list)
         self.reached_target = False
         self._subset = None
@@ -58,20 +70,19 @@ class RunDiagnostics:
     def train_subset(self):
         """A fixed seeded subset of the training set (``diagnostics_num_samples`` rows)."""
         if self._subset is None:
-            dataset = self.fed.train_dataset
+            dataset = self.train_dataset
             n = min(len(dataset), self.args.diagnostics_num_samples)
             rows = np.random.default_rng(self.args.seed).choice(len(dataset), size=n, replace=False)
             self._subset = dataset.select(np.sort(rows))
         return self._subset
 
     # --- client side ---------------------------------------------------------------------------------
-    def client_message(self, ctx, workspaces: dict, client_dataset) -> dict[str, torch.Tensor]:
-        """Run on the process training the client, at ``w^t`` before local training."""
-        if "perturbation_drift" not in self:
+    def client_message(self, client_trainer, perturbation, workspaces: dict, client_dataset) -> dict[str, torch.Tensor]:
+        """Run on the process training the client, at ``w^t`` (loaded in ``client_trainer``) before local training."""
+        if "perturbation_drift" not in self or not isinstance(perturbation, SharpnessAware):
             return {}
-        perturbation = self.fed.algorithm.perturbation
-        _, gradient = loss_and_gradient(self.fed.client_trainer, client_dataset)
-        offset = perturbation.offset_estimate(workspaces[perturbation.name], gradient.clone())
+        _, gradient = loss_and_gradient(client_trainer, client_dataset)
+        offset = perturbation.drift_offset(workspaces[perturbation.name], gradient.clone())
         if offset is None:
             return {}
         return {"gradient": gradient.cpu(), "offset": offset.cpu()}
@@ -94,27 +105,25 @@ class RunDiagnostics:
                 record["perturbation_drift"] = float(np.mean([(p["offset"] - e_global).norm().item() for p in parts]))
         return record
 
-    def eval_metrics(self, params: torch.Tensor, buffers, record: dict) -> dict[str, Any]:
-        """Run on the main process at evaluation rounds, after ``record`` has the eval metrics."""
+    def eval_metrics(self, client_trainer, load_weights, params: torch.Tensor, buffers, record: dict) -> dict[str, Any]:
+        """Run on the main process at evaluation rounds, after ``record`` has the eval metrics.
+
+        ``load_weights(params, buffers)`` puts the evaluated model into ``client_trainer``."""
         out: dict[str, Any] = {}
-        fed = self.fed
         if "train_accuracy" in self:
-            metrics = fed.evaluate(params, dataset=self.train_subset, buffers=buffers)
+            load_weights(params, buffers)
+            metrics = evaluate_model(client_trainer, self.train_subset)
             out["train_accuracy"] = metrics.get("eval_accuracy")
             out["train_eval_loss"] = metrics.get("eval_loss")
             if out["train_accuracy"] is not None and "eval_accuracy" in record:
                 out["train_test_gap"] = out["train_accuracy"] - record["eval_accuracy"]
         if "client_accuracy" in self:
-            fed._load_global(params, buffers)
-            prediction = fed.client_trainer.predict(fed.train_dataset, metric_key_prefix="clients")
-            logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-            correct = np.argmax(logits, axis=-1) == prediction.label_ids
-            per_client = [float(correct[np.asarray(rows)].mean()) for rows in fed.partition.client_indices if len(rows)]
-            out["client_accuracy_mean"] = float(np.mean(per_client))
-            out["client_accuracy_std"] = float(np.std(per_client))
-            out["train_accuracy_all"] = float(correct.mean())
+            load_weights(params, buffers)
+            prediction = client_trainer.predict(self.train_dataset, metric_key_prefix="clients")
+            out.update(per_client_accuracy(correct_predictions(prediction), self.client_indices))
         if "sharpness" in self:
-            out.update(global_sharpness(fed.client_trainer, self.train_subset, params.to(fed.space.device), self.args.rho))
+            out.update(global_sharpness(client_trainer, self.train_subset, params.to(client_trainer.space.device),
+                                        self.args.rho))
         return out
 
     def target_metrics(self, record: dict) -> dict[str, Any]:
@@ -125,11 +134,11 @@ class RunDiagnostics:
         self.reached_target = True
         return {"rounds_to_target": record["round"], "seconds_to_target": record["wall_seconds"]}
 
-    def finish(self, params: torch.Tensor) -> dict[str, str]:
+    def finish(self, client_trainer, params: torch.Tensor) -> dict[str, str]:
         """End of training: the loss surface of the final model (PNG + JSON in ``output_dir``)."""
         if "loss_surface" not in self:
             return {}
-        surface = loss_surface(self.fed.client_trainer, self.train_subset, params.to(self.fed.space.device),
+        surface = loss_surface(client_trainer, self.train_subset, params.to(client_trainer.space.device),
                                resolution=self.args.loss_surface_resolution, seed=self.args.seed)
         out_dir = self.args.output_dir
         json_path = os.path.join(out_dir, "loss_surface.json")

@@ -1,25 +1,30 @@
-"""Round-level hooks in the spirit of ``transformers.TrainerCallback``, and report_to logging."""
+"""The run's own callbacks (partition files) and report_to logging; the base is :mod:`hf_fedflat.callbacks`."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from transformers import TrainerControl, TrainerState
 from transformers.integrations import get_reporting_integration_callbacks
 
+from ..callbacks import FederatedCallback
 
-class FederatedCallback:
-    """Override any hook; each receives the ``FederatedTrainer`` and keyword details."""
+__all__ = ["FederatedCallback", "PartitionFilesCallback", "RoundReporter"]
 
-    def on_round_begin(self, trainer, round_index: int, clients: list[int], **kwargs: Any) -> None: ...
 
-    def on_client_end(self, trainer, round_index: int, update, **kwargs: Any) -> None: ...
+class PartitionFilesCallback(FederatedCallback):
+    """Writes ``partition.json`` (per-client indices and label counts) and ``partition_heatmap.png`` into
+    ``output_dir`` when the run starts (every trainer adds it)."""
 
-    def on_aggregate(self, trainer, round_index: int, updates: list, **kwargs: Any) -> None: ...
+    def on_train_begin(self, trainer, **kwargs: Any) -> None:
+        from ..data import plot_partition_heatmap
 
-    def on_round_end(self, trainer, round_index: int, record: dict, **kwargs: Any) -> None: ...
-
-    def on_train_end(self, trainer, history: list[dict], **kwargs: Any) -> None: ...
+        args, partition = trainer.args, trainer.partition
+        os.makedirs(args.output_dir, exist_ok=True)
+        partition.save_json(os.path.join(args.output_dir, "partition.json"))
+        plot_partition_heatmap(partition, os.path.join(args.output_dir, "partition_heatmap.png"),
+                               title=f"{partition.describe_scheme()}, {args.num_clients} clients")
 
 
 class RoundReporter:

@@ -165,3 +165,79 @@ def resolve_checkpoint(spec: str | bool, root: str | os.PathLike) -> Path:
             raise CheckpointError(f"resume_from_checkpoint: no round-<k> checkpoint under {root}.")
         return found[-1]
     return Path(spec)
+
+
+# --- a run's checkpoints ------------------------------------------------------------------------------------
+#: settings that must match for a checkpoint to be resumed (besides a strategy's own, e.g. the topology)
+FINGERPRINT_FIELDS = (
+    "fed_algorithm", "perturbation", "corrections", "aggregator", "num_clients", "seed", "partition_scheme",
+    "dirichlet_alpha", "classes_per_client", "min_partition_size", "effective_partition_seed",
+)
+
+
+def fingerprint_fields(args) -> tuple[str, ...]:
+    """The names of the settings a checkpoint records and a resume must match."""
+    return FINGERPRINT_FIELDS
+
+
+@dataclass
+class Restored:
+    """What a run resumes from: the global weights ``{"params"[, "buffers"]}``, the server state, the
+    number of completed rounds, the history so far and the wall time spent before."""
+
+    weights: dict[str, torch.Tensor]
+    server_state: dict[str, dict[str, torch.Tensor]]
+    round: int
+    history: list[dict]
+    wall_seconds: float
+
+
+class RunCheckpoints:
+    """Saves and restores the checkpoints of one run under ``<output_dir>/checkpoints``.
+
+    Args:
+        args: the run's arguments (output_dir, save_total_limit and the fingerprinted settings).
+        space, buffer_space: the model's trainable parameters (and averaged buffers, or None) by name.
+        extra_fingerprint: further values a resume must match (parameter count, LoRA base digest, the
+            strategy's settings).
+    """
+
+    def __init__(self, args, space, buffer_space=None, extra_fingerprint: dict | None = None):
+        self.root = os.path.join(args.output_dir, "checkpoints")
+        self.save_total_limit = args.save_total_limit
+        self.space, self.buffer_space = space, buffer_space
+        self.fingerprint = {name: getattr(args, name) for name in fingerprint_fields(args)}
+        self.fingerprint.update(extra_fingerprint or {})
+
+    def save(self, round_number: int, weights: dict[str, torch.Tensor], server_state, store: ClientStateStore,
+             history: list[dict], wall_seconds: float) -> Path:
+        meta = {"fingerprint": self.fingerprint, "history": history, "wall_seconds": wall_seconds}
+        tensors = self.space.named_tensors(weights["params"])
+        if weights.get("buffers") is not None:
+            tensors.update(self.buffer_space.named_tensors(weights["buffers"]))
+        return save_checkpoint(self.root, round_number, tensors, server_state, store, meta, self.save_total_limit)
+
+    def restore(self, spec: str | bool, store: ClientStateStore, dtype: torch.dtype) -> Restored:
+        """Check the checkpoint against this run, load the client states into ``store``, return the rest."""
+        path = resolve_checkpoint(spec, self.root)
+        checkpoint = load_checkpoint(path)
+        saved = checkpoint.meta.get("fingerprint", {})
+        for name, value in self.fingerprint.items():
+            if name in saved and saved[name] != value:
+                raise CheckpointError(
+                    f"{name}: the checkpoint {path} was made with {name}={saved[name]!r}, this run has {value!r}; "
+                    "resume with the original settings or start a new output_dir."
+                )
+        names, shapes = list(self.space.names), list(self.space.shapes)
+        if self.buffer_space is not None:
+            names, shapes = names + self.buffer_space.names, shapes + self.buffer_space.shapes
+        if set(checkpoint.params) != set(names) or any(checkpoint.params[n].shape != s for n, s in zip(names, shapes)):
+            raise CheckpointError(f"Checkpoint {path} holds different parameters than this model.")
+        weights = {"params": torch.cat([checkpoint.params[n].reshape(-1) for n in self.space.names]).to(dtype)}
+        if self.buffer_space is not None:
+            weights["buffers"] = torch.cat([checkpoint.params[n].reshape(-1).float() for n in self.buffer_space.names])
+        store.import_from(checkpoint.client_states_dir)
+        logger.info("Resuming from %s (round %d)", path, checkpoint.round)
+        return Restored(weights=weights, server_state=checkpoint.server_state, round=checkpoint.round,
+                        history=list(checkpoint.meta.get("history", [])),
+                        wall_seconds=float(checkpoint.meta.get("wall_seconds", 0.0)))

@@ -20,6 +20,7 @@ from .card import (
 )
 from .push import (
     HubPushCallback,
+    ModelCardCallback,
     PushResult,
     export_for_hub,
     hub_repo_name,
@@ -30,7 +31,8 @@ from .push import (
 
 __all__ = [
     "CARD_NAME", "CURVES_IMAGE", "FEDFLAT_SUBFOLDER", "LAYOUTS", "PARTITION_IMAGE", "PART_HYPERPARAMETERS",
-    "HubPushCallback", "PushResult", "build_model_card", "card_inputs_from_trainer", "detect_layout",
+    "HubPushCallback", "ModelCardCallback", "PushResult", "build_model_card", "card_inputs_from_trainer",
+    "detect_layout",
     "export_for_hub", "hub_repo_name", "model_card_from_trainer", "planned_pushes", "push_final_model",
     "timm_architecture", "write_model_card", "write_model_card_for_trainer",
 ]

@@ -52,11 +52,18 @@ from typing import Any, Mapping
 
 from huggingface_hub import HfApi
 
-from ..federation.callbacks import FederatedCallback
-from .card import FEDFLAT_SUBFOLDER, card_inputs_from_trainer, detect_layout, write_model_card
+from ..callbacks import FederatedCallback
+from .card import (
+    FEDFLAT_SUBFOLDER,
+    card_inputs_from_trainer,
+    detect_layout,
+    write_model_card,
+    write_model_card_for_trainer,
+)
 
 __all__ = [
     "HubPushCallback",
+    "ModelCardCallback",
     "PushResult",
     "export_for_hub",
     "hub_repo_name",
@@ -279,6 +286,14 @@ def _checkpoint_weights(trainer, checkpoint_dir: Path):
         space.load_(before)
         if buffer_space is not None:
             buffer_space.load_(before_buffers)
+
+
+class ModelCardCallback(FederatedCallback):
+    """Writes ``final_model/README.md`` (the model card) at the end of every run, pushed or not (every
+    trainer adds it ahead of the user's callbacks, so a :class:`HubPushCallback` finds the card)."""
+
+    def on_train_end(self, trainer, history: list[dict], **kwargs: Any) -> None:
+        write_model_card_for_trainer(trainer, kwargs.get("final_model_dir"))
 
 
 class HubPushCallback(FederatedCallback):

@@ -1,0 +1,226 @@
+"""Decentralized FL as a round strategy: every client keeps its own model, a round ends with gossip.
+
+Round ``t``: the round's clients (a seeded sample, or all of them with
+``decentralized_participation="full"``) run their local steps from their own model ``x_i`` with the
+algorithm's perturbation and corrections; then every client, trained or not, gossips
+``x_i <- sum_j (W^Q)_ij z_j``.
+
+Where things live: the main process owns every local model, in the same client-state store as the
+pieces' per-client state (under the key ``"gossip"``), so they spill to disk with
+``client_state_store="auto"|"disk"`` and every checkpoint saves them in ``client_states/``. Each
+process receives only the models of the clients it trains this round (one scatter) and sends back
+their updates (one gather); gossip runs on the main process row by row (see
+:func:`~hf_fedflat.decentralized.gossip.gossip_rows`), staging the new models in a second store of the
+same kind before they replace the old ones. The run's model (evaluated, checkpointed, saved) is
+``x_bar = mean_i x_i``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..federation.client import ClientStart
+from ..federation.sampling import derive_seed, sample_clients
+from ..federation.wire import client_states_payload, split_payload
+from ..state import create_client_state_store
+from ..state.store import ClientStateStore
+from .gossip import GOSSIP_KEY
+from .topology import MixingMatrix
+
+#: settings that must match, besides the federated ones, for a checkpoint to be resumed
+DECENTRALIZED_FINGERPRINT_FIELDS = (
+    "topology", "topology_degree", "topology_redraw", "topology_edges", "gossip_steps", "decentralized_participation",
+)
+_LOCAL_EVAL_STREAM = 0x10CA1  # seeds the sample of local models evaluated each eval round
+#: with more clients than this, a seeded sample of DEFAULT_LOCAL_EVAL_SAMPLE local models is evaluated
+LOCAL_EVAL_ALL_UP_TO = 20
+DEFAULT_LOCAL_EVAL_SAMPLE = 10
+
+
+class GossipStrategy:
+    """The :class:`~hf_fedflat.federation.strategy.Strategy` of decentralized runs (see the module docstring).
+
+    Args:
+        algorithm: the run's ``FederatedAlgorithm`` (its aggregator is the gossip aggregator).
+        args: the run's arguments.
+        store: the client-state store (main process; None elsewhere).
+        local_eval_models: how many local models to evaluate every eval round (see
+            :class:`~hf_fedflat.decentralized.DecentralizedTrainer`).
+    """
+
+    def __init__(self, algorithm, args, store, local_eval_models: int | None = None):
+        self.algorithm, self.args, self.store = algorithm, args, store
+        self.aggregator = algorithm.aggregator
+        self.fingerprint = {name: getattr(args, name) for name in DECENTRALIZED_FINGERPRINT_FIELDS}
+        self.initial: dict[str, torch.Tensor] | None = None  # the model every client starts with (main process)
+        self.local_eval_clients = self._choose_local_eval_clients(local_eval_models)
+        self._average: dict[str, torch.Tensor] | None = None
+        self._staging: ClientStateStore | None = None
+
+    def _choose_local_eval_clients(self, count: int | None) -> list[int]:
+        num_clients = self.args.num_clients
+        if count is None:
+            count = num_clients if num_clients <= LOCAL_EVAL_ALL_UP_TO else DEFAULT_LOCAL_EVAL_SAMPLE
+        if not isinstance(count, int) or count < 0:
+            raise ValueError(f"local_eval_models must be an integer >= 0 (0: only the average model), got {count!r}.")
+        if count >= num_clients:
+            return list(range(num_clients))
+        rng = np.random.default_rng(derive_seed(self.args.seed, _LOCAL_EVAL_STREAM))
+        return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
+
+    # -- local models on the main process -------------------------------------------------------------
+    def local_model(self, client_id: int) -> dict[str, torch.Tensor]:
+        """Client ``client_id``'s own model ``{"params": x_i[, "buffers": ...]}`` (main process only)."""
+        model = self.store.get(client_id).get(GOSSIP_KEY)
+        return model if model is not None else self.initial
+
+    def average_model(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``x_bar`` in the models' dtypes, and in float64 (one pass over the store)."""
+        total: dict[str, torch.Tensor] = {}
+        for client_id in range(self.args.num_clients):
+            _accumulate(total, self.local_model(client_id))
+        return self._cast({key: value / self.args.num_clients for key, value in total.items()})
+
+    def _cast(self, exact: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return {key: value.to(self.initial[key].dtype) for key, value in exact.items()}, exact
+
+    def consensus_distance(self, average: dict[str, torch.Tensor] | None = None) -> float:
+        """``mean_i ||x_i - x_bar||`` over the trainable parameters (float64; main process only)."""
+        if average is None:
+            average = self.average_model()[1]
+        distances = [
+            float(torch.linalg.vector_norm(self.local_model(c)["params"].double() - average["params"]))
+            for c in range(self.args.num_clients)
+        ]
+        return float(np.mean(distances))
+
+    def evaluate_local_models(self, evaluate, client_ids: list[int] | None = None) -> dict[str, float]:
+        """Mean and std (over clients) of every eval metric of the clients' own models
+        (``evaluate(params, buffers=...)`` gives one model's metrics)."""
+        values: dict[str, list[float]] = defaultdict(list)
+        for client_id in self.local_eval_clients if client_ids is None else client_ids:
+            model = self.local_model(client_id)
+            for key, value in evaluate(model["params"], buffers=model.get("buffers")).items():
+                values[key].append(value)
+        out = {}
+        for key, series in values.items():
+            name = key.removeprefix("eval_")
+            out[f"local_eval_{name}_mean"] = float(np.mean(series))
+            out[f"local_eval_{name}_std"] = float(np.std(series))
+        return out
+
+    # -- the Strategy protocol --------------------------------------------------------------------------
+    def start(self, initial, restored) -> None:
+        """The local models are in the store (restored with the client states); the checkpoint's global
+        slot holds ``x_bar``, recomputed here."""
+        self.initial = initial
+        if restored is not None:
+            self._average = self.average_model()[0]
+
+    def sample(self, round_index: int) -> list[int]:
+        args = self.args
+        if args.decentralized_participation == "full":
+            return list(range(args.num_clients))
+        return sample_clients(args.num_clients, args.num_clients_per_round, args.seed, round_index)
+
+    def send(self, comm, shares: list[list[int]]) -> dict:
+        """main -> each process: the own models (and states) of the clients it trains this round."""
+        per_process = None
+        if comm.is_main:
+            per_process = [client_states_payload({c: self._state_with_model(c) for c in share}) for share in shares]
+        return {"states": split_payload(comm.scatter_tensors(per_process))[3]}
+
+    def _state_with_model(self, client_id: int) -> dict:
+        state = self.store.get(client_id)
+        state.setdefault(GOSSIP_KEY, self.initial)
+        return state
+
+    def client_start(self, client_id: int, received: dict) -> ClientStart:
+        state = dict(received["states"].get(client_id, {}))
+        own = state.pop(GOSSIP_KEY)
+        return ClientStart(own["params"], {}, state, own.get("buffers"))
+
+    def apply(self, round_index: int, learning_rate: float, updates, weights) -> dict[str, Any]:
+        """Gossip (a failed client gossips its model unchanged); consensus, spectral gap and bytes sent."""
+        matrix, exact_average = self._gossip(round_index, updates)
+        self._average, exact_average = self._cast(exact_average)
+        steps = matrix.weights.copy()
+        np.fill_diagonal(steps, 0.0)
+        model_bytes = sum(t.numel() * t.element_size() for t in self._average.values())
+        return {
+            "consensus_distance": self.consensus_distance(exact_average),
+            "spectral_gap": matrix.spectral_gap,
+            # every gossip step, each client receives the model of each of its neighbours
+            "bytes_gossip": int(np.count_nonzero(steps)) * model_bytes * self.aggregator.gossip_steps,
+        }
+
+    def _gossip(self, round_index: int, updates) -> tuple[MixingMatrix, dict[str, torch.Tensor]]:
+        """Mix, then write the new local models and the trained clients' new states.
+
+        Returns the round's matrix and ``x_bar`` in float64 (summed while the new models are written)."""
+        matrix = self.aggregator.mixing_matrix(round_index)
+        trained = {u.client_id: u for u in updates}
+
+        def load(client_id: int) -> dict[str, torch.Tensor]:  # z_j
+            model = self.local_model(client_id)
+            update = trained.get(client_id)
+            if update is None:
+                return model
+            z = dict(model, params=model["params"] + update.delta.to(model["params"].dtype))
+            if update.buffers is not None:
+                z["buffers"] = update.buffers
+            return z
+
+        staging = self._staging_store()
+        for client_id, mixed in self.aggregator.mix(matrix, load):
+            staging.put(client_id, {GOSSIP_KEY: mixed})
+        total: dict[str, torch.Tensor] = {}
+        for client_id in range(self.args.num_clients):
+            state = self.store.get(client_id)
+            if client_id in trained:
+                state.update(trained[client_id].state)
+            state[GOSSIP_KEY] = staging.get(client_id)[GOSSIP_KEY]
+            self.store.put(client_id, state)
+            _accumulate(total, state[GOSSIP_KEY])
+        staging.clear()
+        return matrix, {key: value / self.args.num_clients for key, value in total.items()}
+
+    def _staging_store(self) -> ClientStateStore:
+        if self._staging is None:
+            args = self.args
+            store_dir = Path(args.client_state_dir or os.path.join(args.output_dir, "client_states"))
+            self._staging = create_client_state_store(
+                args.client_state_store, store_dir.with_name(store_dir.name + "_gossip_staging"),
+                args.client_state_memory_mb,
+            )
+        return self._staging
+
+    def model(self) -> dict[str, torch.Tensor]:
+        return self._average if self._average is not None else self.average_model()[0]
+
+    def server_state(self) -> dict:
+        return {}
+
+    def evaluate_more(self, evaluate) -> dict[str, float]:
+        return self.evaluate_local_models(evaluate) if self.local_eval_clients else {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"decentralized": {
+            **self.aggregator.topology.describe(), "gossip_steps": self.aggregator.gossip_steps,
+            "participation": self.args.decentralized_participation,
+            "model": "x_bar, the average of the clients' own models",
+        }}
+
+
+def _accumulate(total: dict[str, torch.Tensor], model: dict[str, torch.Tensor]) -> None:
+    """``total += model`` in float64, key by key (creating the sums on first use)."""
+    for key, value in model.items():
+        if key not in total:
+            total[key] = torch.zeros(value.shape, dtype=torch.float64)
+        total[key].add_(value.double())

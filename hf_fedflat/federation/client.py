@@ -1,0 +1,182 @@
+"""One client's local round, and the failure policy that decides whether its update is aggregated."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..algorithms import ClientContext, ClientUpdate, LocalResult
+from ..diagnostics.run import DIAGNOSTICS_MESSAGE
+from ..training.parameters import all_finite
+from ..runtime.vectors import empty_like
+from .load_balance import local_work
+from .sampling import derive_seed
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ClientStart:
+    """What a client starts its local round from (a strategy's answer for one client)."""
+
+    params: torch.Tensor
+    broadcast: dict = field(default_factory=dict)
+    state: dict = field(default_factory=dict)
+    buffers: torch.Tensor | None = None
+
+
+class LocalTraining:
+    """Trains one client at a time on this process, with the run's local ``ClientTrainer``.
+
+    Args:
+        client_trainer: the process's ``ClientTrainer`` (holds the model).
+        algorithm: the run's ``FederatedAlgorithm`` (its pieces start and end each client).
+        args: the run's arguments (local epochs/steps, batch size, seed, ...).
+        partition, train_dataset: which rows each client trains on.
+        buffer_space: the model's averaged buffers (``batchnorm_buffers="average"``), else None.
+        diagnostics: the run's ``RunDiagnostics`` (a client may add a diagnostics message).
+    """
+
+    def __init__(self, client_trainer, algorithm, args, partition, train_dataset, buffer_space, diagnostics):
+        self.client_trainer, self.algorithm, self.args = client_trainer, algorithm, args
+        self.space, self.buffer_space, self.diagnostics = client_trainer.space, buffer_space, diagnostics
+        self.partition, self.train_dataset = partition, train_dataset
+        self.client_sizes = [int(n) for n in partition.num_samples]
+        self._client_datasets: dict[int, Any] = {}  # index views, built once per client
+
+    def load_weights(self, params: torch.Tensor, buffers: torch.Tensor | None = None) -> None:
+        """Put ``params`` (and ``buffers``, when averaged) into the model."""
+        self.space.load_(params)
+        if self.buffer_space is not None and buffers is not None:
+            self.buffer_space.load_(buffers)
+
+    def client_dataset(self, client_id: int):
+        if client_id not in self._client_datasets:
+            self._client_datasets[client_id] = self.partition.client_dataset(self.train_dataset, client_id)
+        return self._client_datasets[client_id]
+
+    def local_work(self, client_id: int) -> tuple[int, int]:
+        """``(optimizer steps, samples forwarded)`` of the client's local run (the Trainer's schedule)."""
+        args = self.args
+        return local_work(
+            self.client_sizes[client_id], args.per_device_train_batch_size, local_steps=args.local_steps,
+            local_epochs=args.local_epochs, gradient_accumulation_steps=args.gradient_accumulation_steps,
+            drop_last=args.dataloader_drop_last,
+        )
+
+    def train(self, client_id: int, round_index: int, learning_rate: float, global_params: torch.Tensor,
+              broadcast: dict, state: dict, global_buffers: torch.Tensor | None = None) -> ClientUpdate:
+        """Local training of one client from ``global_params``; returns its update (CPU tensors)."""
+        started = time.perf_counter()
+        device = self.space.device
+        trainer = self.client_trainer
+        trainer.release_memory()  # earlier clients' freed buffers back to the OS, if they piled up
+        self.load_weights(global_params, global_buffers)
+        ctx = ClientContext(
+            client_id=client_id,
+            round=round_index,
+            global_params=global_params.to(device),
+            broadcast={p: {k: t.to(device) for k, t in part.items()} for p, part in broadcast.items()},
+            state={p: {k: t.to(device) for k, t in part.items()} for p, part in state.items()},
+            learning_rate=learning_rate,
+            num_samples=self.client_sizes[client_id],
+        )
+        workspaces = self.algorithm.begin_client(ctx)
+        dataset = self.client_dataset(client_id)
+        diagnostics = self.diagnostics.client_message(trainer, self.algorithm.perturbation, workspaces, dataset)
+        trainer.start_client(
+            dataset, learning_rate=learning_rate, algorithm=self.algorithm, workspaces=workspaces,
+            local_epochs=self.args.local_epochs, local_steps=self.args.local_steps,
+        )
+        # Same (seed, round, client) -> same shuffle and dropout, on any process, after any resume.
+        trainer.seed_for_client(derive_seed(self.args.seed, round_index, client_id))
+        output = trainer.train()
+        delta = self.space.difference(ctx.global_params, out=empty_like(ctx.global_params))
+        result = LocalResult(params=self.space.flatten, num_steps=int(trainer.state.global_step), delta=delta)
+        new_state, messages = self.algorithm.end_client(ctx, workspaces, result)
+        if diagnostics:
+            messages[DIAGNOSTICS_MESSAGE] = diagnostics
+        cpu = lambda parts: {p: {k: t.detach().cpu() for k, t in part.items()} for p, part in parts.items()}  # noqa: E731
+        return ClientUpdate(
+            client_id=client_id,
+            num_samples=ctx.num_samples,
+            num_steps=result.num_steps,
+            train_loss=float(output.training_loss),
+            delta=delta.cpu(),
+            messages=cpu(messages),
+            state=cpu(new_state),
+            buffers=self.buffer_space.flatten().cpu() if self.buffer_space is not None else None,
+            train_seconds=time.perf_counter() - started,
+        )
+
+    def train_safely(self, train: Callable[..., ClientUpdate], client_id: int, round_index: int,
+                     learning_rate: float, start: ClientStart) -> tuple[ClientUpdate | None, str | None]:
+        """``(update, None)``, or ``(None, reason)`` for a client that must not be aggregated: its training
+        raised, its update is not finite or its norm exceeds ``max_update_norm``, or it has no data (with
+        ``dataloader_drop_last``: not one full batch). ``train`` is the trainer's ``train_client``."""
+        if self.client_sizes[client_id] == 0:
+            return None, "empty dataset: skipped"
+        if self.local_work(client_id)[0] == 0:  # only with drop_last: no full batch, nothing to train on
+            return None, (f"{self.client_sizes[client_id]} rows, fewer than one batch of "
+                          f"{self.args.per_device_train_batch_size} with dataloader_drop_last: skipped")
+        inputs = (start.params, start.broadcast, start.state, start.buffers)
+        try:
+            update = train(client_id, round_index, learning_rate, *inputs)
+        except Exception as error:  # one bad client must not end the run (KeyboardInterrupt still does)
+            logger.warning("Round %d: client %d raised during local training", round_index + 1, client_id,
+                           exc_info=True)
+            return None, f"training raised {type(error).__name__}: {error}"
+        # What the client received (w^t, the broadcast, its stored state) is finite already: a piece handing one
+        # back as its new state (LESAM's w_old_i is w^t) costs no second pass over it per client.
+        received = {_memory_of(t) for t in _tensors_in(inputs)}
+        tensors = [update.delta, *(t for part in (update.messages, update.state) for d in part.values() for t in d.values())]
+        if not all_finite([t for t in tensors if _memory_of(t) not in received]):
+            return None, "update contains NaN or Inf"
+        limit = self.args.max_update_norm
+        if limit is not None:
+            norm = float(torch.linalg.vector_norm(update.delta))
+            if norm > limit:
+                return None, f"update norm {norm:.4g} exceeds max_update_norm={limit}"
+        return update, None
+
+
+class FailurePolicy:
+    """Logs excluded clients and aborts a run whose every sampled client raised for
+    ``max_consecutive_failed_rounds`` rounds in a row (a bug in the data or model, not bad clients)."""
+
+    def __init__(self, max_consecutive_failed_rounds: int):
+        self.limit = max_consecutive_failed_rounds
+        self.rounds_all_raised = 0
+
+    def check(self, round_index: int, num_sampled: int, failures: dict[int, str]) -> None:
+        for client_id, reason in sorted(failures.items()):
+            logger.warning("Round %d: client %d excluded from aggregation: %s", round_index + 1, client_id, reason)
+        raised = [r for r in failures.values() if r.startswith("training raised")]
+        self.rounds_all_raised = self.rounds_all_raised + 1 if raised and len(raised) == num_sampled else 0
+        if self.limit and self.rounds_all_raised >= self.limit:
+            raise RuntimeError(
+                f"Every sampled client raised during local training for {self.limit} consecutive rounds (last: "
+                f"{raised[0]}); this looks like a bug in the data or model rather than bad clients. Fix it, or "
+                "raise max_consecutive_failed_rounds (0 never aborts)."
+            )
+
+
+def _memory_of(tensor: torch.Tensor) -> tuple:
+    """Which memory a tensor reads (the same for a tensor and its ``detach()``)."""
+    return tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.device
+
+
+def _tensors_in(values) -> Iterator[torch.Tensor]:
+    """The tensors in ``values``, in nested dicts, lists and tuples."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):
+            yield from _tensors_in(value.values())
+        elif isinstance(value, (list, tuple)):
+            yield from _tensors_in(value)

@@ -1,0 +1,183 @@
+"""The round loop: sample, split across processes, train, gather, apply the strategy, evaluate, record,
+checkpoint. The same for server and decentralized FL; what differs is the run's
+:class:`~hf_fedflat.federation.strategy.Strategy`.
+
+Every process runs :func:`run_rounds`; the main process (rank 0) alone holds the client-state store,
+aggregates, evaluates, writes ``history.json`` and checkpoints. The other processes train the clients
+they are given and meet the main process at three collectives per round (the split, the round's
+inputs, the gather of the results)::
+
+    clients = strategy.sample(t)                      # seeded: the same draw on every process
+    shares  = split across processes by predicted time (main decides, broadcasts)
+    inputs  = strategy.send(comm, shares)             # w^t / own models, broadcast, client states
+    for each of this process's clients: train from strategy.client_start(...), failure policy
+    gather the updates (wire format) -> main: strategy.apply(...) -> record, eval, history, checkpoint
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..io import RecordLog
+from ..runtime.vectors import recycle_vectors
+from .callbacks import RoundReporter
+from .load_balance import assign_to_processes
+from .wire import decode_gathered, encode_updates
+
+
+@dataclass
+class FederatedTrainOutput:
+    params: torch.Tensor
+    history: list[dict]
+    final_model_dir: str | None
+
+
+def aggregation_weights(updates, scheme: str) -> torch.Tensor:
+    """``p_i``: uniform, or proportional to the clients' sample counts; summing to 1."""
+    if scheme == "uniform":
+        weights = torch.ones(len(updates), dtype=torch.float64)
+    else:
+        weights = torch.tensor([u.num_samples for u in updates], dtype=torch.float64)
+    return weights / weights.sum()
+
+
+def run_rounds(trainer, resume=None) -> FederatedTrainOutput:
+    """Run ``args.num_rounds`` rounds of ``trainer`` (a ``FederatedTrainer``) and save the final model."""
+    space = trainer.space
+    # model-sized vectors (weights, updates, directions) reuse their memory from client to client
+    with recycle_vectors(space.numel, space.dtype, space.device):
+        return _run(trainer, resume)
+
+
+def _run(trainer, resume) -> FederatedTrainOutput:
+    args, comm, strategy = trainer.args, trainer.comm, trainer.strategy
+    start_round, wall_offset = _start(trainer, resume) if comm.is_main else (0, 0.0)
+    start_round = comm.broadcast_object(start_round)
+    reporter = RoundReporter(args, trainer.model) if comm.is_main else None
+    # rewritten every round: atomic, not fsynced (every checkpoint holds the history durably)
+    history_file = RecordLog(os.path.join(args.output_dir, "history.json"))
+    progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", dynamic_ncols=True,
+                    disable=not comm.is_main or args.disable_tqdm)
+    run_start = time.perf_counter()
+    for round_index in range(start_round, args.num_rounds):
+        round_start = time.perf_counter()
+        clients = strategy.sample(round_index)
+        learning_rate = args.learning_rate * args.lr_decay_per_round**round_index
+        trainer.call_callbacks("on_round_begin", round_index, clients)
+
+        shares = _split(trainer, clients)
+        received = strategy.send(comm, shares)
+        updates, failures = _train_share(trainer, round_index, learning_rate, shares[comm.rank], received, round_start)
+
+        gathered = comm.gather_tensors(encode_updates(updates, failures))
+        if comm.is_main:
+            updates, failures = decode_gathered(gathered)
+            del gathered  # the updates alone hold the exchange buffers (reused once they are dropped)
+            for update in updates:
+                trainer.cost_model.observe(update.num_steps, trainer.local_work(update.client_id)[1],
+                                           update.train_seconds)
+            trainer.failure_policy.check(round_index, len(clients), failures)
+            record = _apply(trainer, round_index, learning_rate, updates)
+            if failures:
+                record["failed_clients"] = [{"client": c, "reason": r} for c, r in sorted(failures.items())]
+            record["round_seconds"] = time.perf_counter() - round_start
+            record["wall_seconds"] = wall_offset + time.perf_counter() - run_start
+            record.update(trainer.diagnostics.target_metrics(record))
+            trainer.history.append(record)
+            history_file.write(trainer.history)
+            reporter.log(round_index + 1, {k: v for k, v in record.items() if k not in ("round", "clients")})
+            progress.set_postfix({k: f"{record[k]:.4f}" for k in ("eval_accuracy", "train_loss") if k in record})
+            if args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0:
+                trainer.checkpoints.save(round_index + 1, strategy.model(), strategy.server_state(), trainer.store,
+                                         trainer.history, record["wall_seconds"])
+            trainer.call_callbacks("on_round_end", round_index, record)
+        progress.update(1)
+    progress.close()
+    return _finish(trainer, reporter)
+
+
+def _start(trainer, resume) -> tuple[int, float]:
+    """Main process: the initial (or restored) state of the strategy; ``(start round, wall offset)``."""
+    initial = {"params": trainer.space.flatten().cpu()}
+    if trainer.buffer_space is not None:
+        initial["buffers"] = trainer.buffer_space.flatten().cpu()
+    restored = None
+    if resume:
+        restored = trainer.checkpoints.restore(resume, trainer.store, initial["params"].dtype)
+        trainer.history = restored.history
+    trainer.strategy.start(initial, restored)
+    trainer.call_callbacks("on_train_begin")
+    return (restored.round, restored.wall_seconds) if restored else (0, 0.0)
+
+
+def _split(trainer, clients: list[int]) -> list[list[int]]:
+    """The round's clients per process, decided by the main process (it holds the measured times)."""
+    comm = trainer.comm
+    if not comm.distributed:
+        return [list(clients)]
+    shares = None
+    if comm.is_main:
+        costs = {c: trainer.cost_model.cost(*trainer.local_work(c)) for c in clients}
+        shares = assign_to_processes(clients, costs, comm.world_size)
+    return comm.broadcast_object(shares)
+
+
+def _train_share(trainer, round_index, learning_rate, client_ids, received, round_start):
+    """Train this process's clients; ``(updates, {client id: why it is excluded})``."""
+    args, updates, failures = trainer.args, [], {}
+    for client_id in client_ids:
+        if args.round_deadline_seconds and time.perf_counter() - round_start > args.round_deadline_seconds:
+            failures[client_id] = f"straggler: round deadline of {args.round_deadline_seconds}s passed"
+            continue
+        start = trainer.strategy.client_start(client_id, received)
+        update, failure = trainer.local_training.train_safely(trainer.train_client, client_id, round_index,
+                                                              learning_rate, start)
+        if failure is not None:
+            failures[client_id] = failure
+            continue
+        updates.append(update)
+        trainer.call_callbacks("on_client_end", round_index, update)
+    return updates, failures
+
+
+def _apply(trainer, round_index: int, learning_rate: float, updates) -> dict:
+    """Main process: the strategy turns the results into the next state; the round's record."""
+    args, strategy = trainer.args, trainer.strategy
+    record = {"round": round_index + 1, "num_clients": len(updates), "clients": [u.client_id for u in updates],
+              "learning_rate": learning_rate}
+    weights = aggregation_weights(updates, args.aggregation_weights) if updates else None
+    if updates:  # else every client failed: the model stays as it was (decentralized: gossips unchanged)
+        record["train_loss"] = float(sum(w * u.train_loss for w, u in zip(weights.tolist(), updates)))
+        record["local_steps"] = float(np.mean([u.num_steps for u in updates]))
+    record.update(strategy.apply(round_index, learning_rate, updates, weights))
+    trainer.call_callbacks("on_aggregate", round_index, updates)
+    if (round_index + 1) % args.eval_every_n_rounds == 0 or round_index + 1 == args.num_rounds:
+        model = strategy.model()
+        params, buffers = model["params"], model.get("buffers")
+        if trainer.eval_dataset is not None:
+            record.update(trainer.evaluate(params, buffers=buffers))
+            record.update(strategy.evaluate_more(trainer.evaluate))
+        record.update(trainer.diagnostics.eval_metrics(trainer.client_trainer, trainer.load_weights, params,
+                                                       buffers, record))
+    return record
+
+
+def _finish(trainer, reporter) -> FederatedTrainOutput:
+    """Every process: the final model; main process: saved to ``final_model/``, end-of-run callbacks."""
+    comm, final_dir = trainer.comm, None
+    final = comm.broadcast_tensors(trainer.strategy.model() if comm.is_main else None)
+    params = final["params"]
+    trainer.load_weights(params, final.get("buffers"))
+    if comm.is_main:
+        reporter.close()
+        trainer.diagnostics.finish(trainer.client_trainer, params)
+        final_dir = trainer.save_model(os.path.join(trainer.args.output_dir, "final_model"))
+        trainer.call_callbacks("on_train_end", trainer.history, final_model_dir=final_dir)
+    comm.barrier()
+    return FederatedTrainOutput(params=params, history=trainer.history, final_model_dir=final_dir)

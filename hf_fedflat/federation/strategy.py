@@ -1,0 +1,131 @@
+"""What a round does with the clients' results: the one protocol the round loop talks to.
+
+A :class:`Strategy` answers, for the loop in :mod:`hf_fedflat.federation.loop`:
+
+- ``sample(round)``: which clients train (every process asks; the answer is seeded, the same everywhere);
+- ``send(comm, shares)``: what the processes receive for the round (a collective: every process calls it);
+- ``client_start(client_id, received)``: what one client starts from (:class:`~.client.ClientStart`);
+- ``apply(round, learning_rate, updates, weights)`` (main process): how the gathered results become the
+  next state; returns the round's record fields of the strategy (the loop adds round, clients, loss, eval);
+- ``model()``: the run's current model ``{"params"[, "buffers"]}``: evaluated, checkpointed, and final;
+- ``server_state()``: what a checkpoint holds besides the model and the client-state store;
+- ``evaluate_more(evaluate)``: further eval metrics (decentralized: the clients' own models);
+- ``start(initial, restored)`` (main process) and ``describe()`` (for ``federated_config.json``);
+- ``fingerprint``: settings a checkpoint of this strategy must match.
+
+:class:`ServerStrategy` is server FL (a global model ``w^t``, aggregated by the algorithm's server step);
+``hf_fedflat.decentralized.strategy.GossipStrategy`` keeps one model per client and gossips.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+
+from ..algorithms import ClientUpdate
+from ..algorithms.base import weighted_sum
+from ..diagnostics.run import tensor_bytes
+from .checkpoint import Restored
+from .client import ClientStart
+from .sampling import sample_clients
+from .wire import client_states_payload, round_payload, split_payload
+
+Weights = dict[str, torch.Tensor]  # {"params": flat trainable parameters[, "buffers": flat averaged buffers]}
+
+
+class Strategy(Protocol):
+    fingerprint: dict[str, Any]
+
+    def start(self, initial: Weights, restored: Restored | None) -> None: ...
+
+    def sample(self, round_index: int) -> list[int]: ...
+
+    def send(self, comm, shares: list[list[int]]) -> dict: ...
+
+    def client_start(self, client_id: int, received: dict) -> ClientStart: ...
+
+    def apply(self, round_index: int, learning_rate: float, updates: list[ClientUpdate],
+              weights: torch.Tensor | None) -> dict[str, Any]: ...
+
+    def model(self) -> Weights: ...
+
+    def server_state(self) -> dict: ...
+
+    def evaluate_more(self, evaluate: Callable[..., dict[str, float]]) -> dict[str, float]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class ServerStrategy:
+    """Server FL: every round the sampled clients start from ``w^t`` (and what the pieces broadcast, and
+    their own stored state); the algorithm's server step turns their updates into ``w^{t+1}``.
+
+    Args:
+        algorithm: the run's ``FederatedAlgorithm``.
+        args: the run's arguments.
+        store: the client-state store (main process; None elsewhere).
+        diagnostics: the run's ``RunDiagnostics`` (bytes sent, gradient conflict, perturbation drift).
+    """
+
+    def __init__(self, algorithm, args, store, diagnostics):
+        self.algorithm, self.args, self.store, self.diagnostics = algorithm, args, store, diagnostics
+        self.fingerprint: dict[str, Any] = {}
+        self.weights: Weights = {}
+        self.state: dict = {}
+        self.payload_bytes = 0  # what one client downloads per round
+
+    def start(self, initial: Weights, restored: Restored | None) -> None:
+        self.weights = dict(initial)
+        self.state = self.algorithm.init_server_state(initial["params"])
+        if restored is not None:
+            self.weights, self.state = dict(restored.weights), restored.server_state
+
+    def sample(self, round_index: int) -> list[int]:
+        args = self.args
+        return sample_clients(args.num_clients, args.num_clients_per_round, args.seed, round_index)
+
+    def send(self, comm, shares: list[list[int]]) -> dict:
+        """main -> all: ``w^t`` (and buffers) and what the pieces broadcast; main -> each process: the states
+        of the clients it trains."""
+        main = comm.is_main
+        payload = comm.broadcast_tensors(
+            round_payload(self.weights, self.algorithm.broadcast(self.state)) if main else None)
+        self.payload_bytes = tensor_bytes(payload)
+        payload.update(comm.scatter_tensors(
+            [client_states_payload({c: self.store.get(c) for c in share}) for share in shares] if main else None))
+        params, buffers, broadcast, states = split_payload(payload)
+        return {"params": params, "buffers": buffers, "broadcast": broadcast, "states": states}
+
+    def client_start(self, client_id: int, received: dict) -> ClientStart:
+        return ClientStart(received["params"], received["broadcast"], received["states"].get(client_id, {}),
+                           received["buffers"])
+
+    def apply(self, round_index: int, learning_rate: float, updates: list[ClientUpdate],
+              weights: torch.Tensor | None) -> dict[str, Any]:
+        """Aggregate (unless every client failed), update the server halves and the client-state store."""
+        if not updates:  # the global model stays as it was
+            return {}
+        params, self.state = self.algorithm.server_step(
+            round_index, self.weights["params"], updates, weights, self.state, self.args.num_clients, learning_rate
+        )
+        new = {"params": params}
+        if "buffers" in self.weights:  # running statistics: weighted mean, like FedAvg
+            new["buffers"] = weighted_sum([u.buffers for u in updates], weights)
+        self.weights = new
+        for update in updates:
+            if update.state:
+                self.store.put(update.client_id, update.state)
+        return self.diagnostics.round_metrics(updates, weights, self.payload_bytes)
+
+    def model(self) -> Weights:
+        return self.weights
+
+    def server_state(self) -> dict:
+        return self.state
+
+    def evaluate_more(self, evaluate) -> dict[str, float]:
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        return {}
