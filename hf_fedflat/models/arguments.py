@@ -1,0 +1,55 @@
+"""``ModelArguments``: the model the federation trains (``hf_fedflat.models.create_model``).
+
+The LoRA options are :class:`hf_fedflat.models.lora.LoraArguments`, beside the code that applies them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ModelArguments"]
+
+
+@dataclass
+class ModelArguments:
+    """The model the federation trains (``hf_fedflat.models.create_model``)."""
+
+    model_name: str = field(
+        default="small_cnn",
+        metadata={"help": "small_cnn, resnet18_gn, or any timm model name (e.g. vit_tiny_patch16_224)."},
+    )
+    image_size: int = field(default=16, metadata={"help": "Square input resolution the images are resized to."})
+    pretrained: bool = field(default=False, metadata={"help": "Start from timm's published weights (needs the Hub)."})
+    pretrained_path: str | None = field(
+        default=None, metadata={"help": "Start from a local weights file (.safetensors or a torch state dict)."}
+    )
+    model_kwargs: str | None = field(
+        default=None,
+        metadata={"help": 'Architecture options as a JSON object, e.g. \'{"depth": 2, "patch_size": 8}\' for a tiny ViT '
+                          "(a YAML mapping works too)."},
+    )
+    base_model: str | None = field(
+        default=None,
+        metadata={"help": "Hub id of the starting weights, for the model card (default: timm's id when pretrained)."},
+    )
+
+    def __post_init__(self):
+        if not isinstance(self.image_size, int) or self.image_size < 1:
+            raise ValueError(f"image_size: must be an integer >= 1, got {self.image_size!r}.")
+
+    @property
+    def model_kwargs_dict(self) -> dict[str, Any]:
+        """``model_kwargs`` as a dict (the CLI gives a JSON string, YAML may give a mapping)."""
+        if self.model_kwargs in (None, ""):
+            return {}
+        if isinstance(self.model_kwargs, dict):
+            return dict(self.model_kwargs)
+        try:
+            value = json.loads(self.model_kwargs)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"model_kwargs: not valid JSON ({error}); write e.g. '{{\"depth\": 2}}'.") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"model_kwargs: must be a JSON object, got {type(value).__name__}.")
+        return value

@@ -1,0 +1,42 @@
+"""Checks shared by every configuration dataclass: a bad value raises ``ValueError("<field>: <what to do>")``.
+
+The argument dataclasses (:mod:`hf_fedflat.config`, :mod:`hf_fedflat.data.arguments`, the diagnostics and
+client-state options, each piece's hyperparameters) validate with these, so every message starts with the
+field's name, before any data or model loads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["check_choice", "check_integer", "check_number", "fail"]
+
+
+def fail(name: str, message: str):
+    """Raise ``ValueError("<name>: <message>")``."""
+    raise ValueError(f"{name}: {message}")
+
+
+def check_integer(name: str, value: Any, low: int = 1) -> None:
+    """An integer (not a bool) ``>= low``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        fail(name, f"must be an integer >= {low}, got {value!r}.")
+
+
+def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
+                 low_open: bool = False) -> None:
+    """A finite number in ``[low, high]`` (``(low, high]`` with ``low_open``); either bound may be left out."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        fail(name, f"must be a finite number, got {value!r}.")
+    if low is not None and (value <= low if low_open else value < low):
+        fail(name, f"must be {'>' if low_open else '>='} {low}, got {value}.")
+    if high is not None and value > high:
+        fail(name, f"must be <= {high}, got {value}.")
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    """One of ``choices``."""
+    if value not in choices:
+        fail(name, f"must be one of {tuple(choices)}, got {value!r}.")
