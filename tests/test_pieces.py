@@ -1,0 +1,234 @@
+"""The pieces on their own: the step function without a Trainer, the formulas' two evaluations, the configs
+beside the pieces, and the rule that piece files are plain torch (no runtime machinery)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import pathlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_fedflat.algorithms import (
+    AGGREGATORS, CORRECTIONS, PERTURBATIONS, D, ClientContext, PieceConfig, W, build_algorithm, hyperparameter_fields,
+    piece_defaults, piece_hyperparameters,
+)
+from hf_fedflat.algorithms.affine import evaluate, evaluate_, symbol
+from hf_fedflat.training import ParameterSpace
+from hf_fedflat.training.step import takes_plain_step, training_step
+
+from conftest import TinyClassifier, make_tiny_dataset
+from step_helpers import flat, hand_grad
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hf_fedflat"
+
+
+def tiny_setup():
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    data = make_tiny_dataset()
+    x, y = data[:]["x"], data[:]["labels"]
+    space = ParameterSpace(model)
+
+    def backward():
+        loss = model(x, labels=y)["loss"]
+        loss.backward()
+        return loss.detach()
+
+    return model, space, x, y, backward
+
+
+def vector(dim, seed, scale=0.1):
+    return scale * torch.randn(dim, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_step_function_without_a_trainer_equals_the_formula(in_place):
+    """LESAM's fixed offset, then prox, SCAFFOLD and momentum, at bias scale 0.5: on the tiny model, no Trainer."""
+    model, space, x, y, backward = tiny_setup()
+    args = SimpleNamespace(fed_algorithm="fedlesam", corrections="prox,scaffold,momentum", rho=0.2, prox_mu=0.3,
+                           scaffold_lambda=0.7, momentum_alpha=0.4, lesam_direction=None)
+    algorithm = build_algorithm(args)
+    w0 = space.flatten()
+    dim = space.numel
+    w_global = w0 + vector(dim, 1)  # the client's weights are not w^t: the prox term is non-zero
+    w_old, c, c_i, m = vector(dim, 2, 1.0) + w_global, vector(dim, 3), vector(dim, 4), vector(dim, 5)
+    ctx = ClientContext(0, 1, w_global, broadcast={"scaffold": {"c": c}, "momentum": {"m": m, "ready": torch.ones(1)}},
+                        state={"lesam": {"w_old": w_old}, "scaffold": {"c_i": c_i}}, learning_rate=0.1, num_samples=8)
+    workspaces = algorithm.begin_client(ctx)
+    b, rho, mu, lam, a = 0.5, 0.2, 0.3, 0.7, 0.4
+
+    e = rho * (w_old - w_global) / ((w_old - w_global).norm() + 1e-12)
+    g = flat(hand_grad(model, space.split(w0 + e), x, y))
+    d = g + mu * b * (w0 - w_global) + lam * b * (c - c_i)
+    expected = a * d + (1 - a) * b * m
+
+    result = training_step(space, algorithm, workspaces, backward, bias_scale=lambda: b, in_place=in_place)
+    torch.testing.assert_close(space.grad(), expected, rtol=0, atol=1e-6)
+    assert result.gradient_passes == 1 and result.in_place == in_place
+    assert torch.equal(space.flatten(), w0)  # the pass at w + e left w untouched
+    assert not takes_plain_step(algorithm, workspaces)
+
+
+def test_in_place_and_flat_evaluations_are_bit_identical():
+    """Every correction's one formula, evaluated on p.grad in place and on flat vectors: the same bits."""
+    model, space, x, y, backward = tiny_setup()
+    args = SimpleNamespace(fed_algorithm="fedavg", corrections="prox,scaffold,feddyn,fedup,momentum")
+    algorithm = build_algorithm(args)
+    dim = space.numel
+    ctx = ClientContext(0, 1, space.flatten() + vector(dim, 1), learning_rate=0.05, num_samples=8,
+                        broadcast={"scaffold": {"c": vector(dim, 2)}, "fedup": {"last_update": vector(dim, 3)},
+                                   "momentum": {"m": vector(dim, 4), "ready": torch.ones(1)}},
+                        state={"scaffold": {"c_i": vector(dim, 5)}, "feddyn": {"h": vector(dim, 6)}})
+    workspaces = algorithm.begin_client(ctx)
+    grads = []
+    for in_place in (True, False):
+        space.clear_grad()
+        training_step(space, algorithm, workspaces, backward, bias_scale=lambda: 0.375, in_place=in_place)
+        grads.append(space.grad())
+    assert torch.equal(grads[0], grads[1])
+    space.clear_grad()
+    backward()
+    assert (grads[0] - space.grad()).abs().max() > 1e-3  # the corrections did something
+
+
+def test_step_function_flat_path_adds_earlier_micro_batches():
+    """SAM + FedDyn on the second micro-batch of a step: d = g_sam + alpha*b*(w - w^t + h), plus what p.grad held."""
+    model, space, x, y, backward = tiny_setup()
+    algorithm = build_algorithm(SimpleNamespace(fed_algorithm="fedsam", corrections="feddyn", rho=0.3,
+                                                feddyn_alpha=0.2))
+    w0, dim = space.flatten(), space.numel
+    w_global, h = w0 + vector(dim, 7), vector(dim, 8)
+    workspaces = algorithm.begin_client(ClientContext(0, 1, w_global, {}, {"feddyn": {"h": h}}, 0.1, 8))
+    earlier = vector(dim, 9, 1.0)
+    space.set_grad_(earlier.clone())
+    b = 0.5
+    g = flat(hand_grad(model, space.split(w0), x, y))
+    g_sam = flat(hand_grad(model, space.split(w0 + 0.3 * g / (g.norm() + 1e-12)), x, y))
+    expected = g_sam + 0.2 * b * (w0 - w_global + h) + earlier
+    result = training_step(space, algorithm, workspaces, backward, bias_scale=lambda: b)
+    torch.testing.assert_close(space.grad(), expected, rtol=0, atol=1e-6)
+    assert result.gradient_passes == 2 and not result.in_place
+
+
+def test_step_function_plain_path_is_the_backward_alone():
+    model, space, x, y, backward = tiny_setup()
+    algorithm = build_algorithm(SimpleNamespace(fed_algorithm="fedavg"))
+    workspaces = algorithm.begin_client(ClientContext(0, 0, space.flatten(), {}, {}, 0.1, 8))
+    asked = []
+    result = training_step(space, algorithm, workspaces, backward, bias_scale=lambda: asked.append(1) or 1.0)
+    torch.testing.assert_close(space.grad(), flat(hand_grad(model, list(model.parameters()), x, y)), rtol=0, atol=1e-6)
+    assert takes_plain_step(algorithm, workspaces) and result.gradient_passes == 1 and not result.in_place
+    assert not asked  # no correction: the loss scale is never asked for (a GPU sync)
+
+
+def test_affine_expressions_keep_the_written_terms_and_order():
+    v, u = torch.arange(4.0), torch.ones(4)
+    expression = 0.5 * D + 2.0 * W - 3.0 * symbol(v) + symbol(u) / 4
+    assert expression.scale == 0.5 and [c for c, _ in expression.terms] == [2.0, -3.0, 0.25]
+    assert expression.reads_weights and (D - 1.0 * symbol(v)).scale == 1.0
+    d, w = torch.full((4,), 2.0), torch.full((4,), -1.0)
+    expected = 0.5 * d + 0.1 * (2.0 * w - 3.0 * v + 0.25 * u)
+    torch.testing.assert_close(evaluate(expression, d, lambda: w, 0.1), expected)
+    grads = [d.clone()]
+    evaluate_(expression, grads, [w], lambda flat_vector: [flat_vector], 0.1)
+    assert torch.equal(grads[0], evaluate(expression, d, lambda: w, 0.1))
+    assert evaluate(D, d, lambda: w) is d
+    with pytest.raises(TypeError):
+        D + torch.ones(4)  # a raw tensor is not a symbol: the formula must say what it adds
+    with pytest.raises(TypeError):
+        W * W  # not affine
+
+
+# --- configs beside the pieces -----------------------------------------------------------------------------
+def registered():
+    return [(kind, name, cls) for kind, table in (("perturbation", PERTURBATIONS), ("correction", CORRECTIONS),
+                                                   ("aggregator", AGGREGATORS)) for name, cls in table.items()]
+
+
+def test_every_piece_declares_its_hyperparameters_with_help_defaults_and_checks():
+    for kind, name, cls in registered():
+        config = cls.config_class()
+        assert isinstance(config, PieceConfig) and dataclasses.is_dataclass(config)
+        config.validate()  # the piece's defaults are valid
+        for f in dataclasses.fields(config):
+            assert f.metadata.get("help"), f"{name}.{f.name} has no help text"
+        assert piece_hyperparameters(kind, name) == tuple(f.name for f in dataclasses.fields(config))
+        assert set(piece_defaults(kind, name)) == set(piece_hyperparameters(kind, name))
+    fields = {f.name: f for f in hyperparameter_fields()}
+    assert {"rho", "gam_alpha", "gam_rho_prime", "gam_grad_alpha", "gam_grad_beta", "gam_gamma", "lesam_direction",
+            "scaffold_lambda", "prox_mu", "feddyn_alpha", "fedup_alpha", "momentum_alpha", "server_learning_rate",
+            "server_beta1", "server_beta2", "server_tau", "topology", "topology_degree", "topology_redraw",
+            "topology_edges", "gossip_steps"} <= set(fields)
+    assert all(f.default is None for f in fields.values())
+    assert "gam 0.02" in fields["rho"].metadata["help"] and "gam_original 0.2" in fields["rho"].metadata["help"]
+    assert piece_hyperparameters("correction", "prox") == ("prox_mu",)
+    assert piece_defaults("perturbation", "gam")["rho"] == 0.02
+
+
+@pytest.mark.parametrize("field, value", [
+    ("rho", -0.1), ("gam_alpha", -1.0), ("gam_grad_alpha", 1.5), ("gam_gamma", -0.1), ("lesam_direction", "nope"),
+    ("scaffold_lambda", math.nan), ("prox_mu", -0.01), ("feddyn_alpha", -1.0), ("fedup_alpha", math.inf),
+    ("momentum_alpha", 2.0), ("server_learning_rate", 0.0), ("server_beta1", 1.0), ("server_beta2", -0.5),
+    ("server_tau", -1.0), ("topology", "star"), ("topology_degree", 0), ("gossip_steps", 0),
+])
+def test_each_check_names_its_field(field, value):
+    declaring = [cls for _, _, cls in registered() if field in {f.name for f in dataclasses.fields(cls.config_class)}]
+    assert declaring
+    for cls in declaring:
+        with pytest.raises(ValueError, match=f"^{field}: "):
+            cls.config_class(**{field: value}).validate()
+
+
+def test_graph_topology_needs_its_edges():
+    from hf_fedflat.decentralized.gossip import GossipConfig
+
+    with pytest.raises(ValueError, match="^topology_edges: "):
+        GossipConfig(topology="graph").validate()
+
+
+def test_build_algorithm_reads_each_piece_field_and_unset_means_the_pieces_default():
+    algorithm = build_algorithm(SimpleNamespace(fed_algorithm="fedgam_cv", rho=None, scaffold_lambda=0.5))
+    assert algorithm.perturbation.config.rho == 0.02 and algorithm.perturbation.config.gam_alpha == 0.2
+    assert algorithm.corrections[0].config.scaffold_lambda == 0.5
+    assert algorithm.aggregator.config.server_learning_rate == 1.0
+
+
+# --- piece files are plain torch ---------------------------------------------------------------------------
+PIECE_FILES = sorted(
+    [p for package in ("algorithms", "perturbations", "corrections", "aggregators") for p in (PACKAGE / package).glob("*.py")]
+    + [PACKAGE / "decentralized" / "gossip.py"]
+)
+FORBIDDEN = ("hf_fedflat.vectors", "hf_fedflat.runtime", "hf_fedflat.training", "hf_fedflat.federation",
+             "hf_fedflat.state", "transformers", "accelerate", "ctypes")
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Absolute names of every module a file imports (relative imports resolved; ``from x import y`` gives x.y too)."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("path", PIECE_FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_piece_files_import_no_runtime_machinery(path):
+    bad = sorted(name for name in imported_modules(path) if name.startswith(FORBIDDEN))
+    assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}: piece files are plain torch"
+
+
+def test_the_import_scan_sees_relative_imports():
+    sample = PACKAGE / "training" / "client_trainer.py"  # machinery: it does import the runtime
+    assert any(name.startswith("hf_fedflat.runtime") for name in imported_modules(sample))
