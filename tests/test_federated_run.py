@@ -180,3 +180,39 @@ def test_each_client_and_round_gets_its_own_data_order(tmp_path):
     assert first_batch(derive_seed(7, 0, 1)) == first_batch(derive_seed(7, 0, 1))
     assert first_batch(derive_seed(7, 0, 1)) != first_batch(derive_seed(7, 0, 2))
     assert first_batch(derive_seed(7, 0, 1)) != first_batch(derive_seed(7, 1, 1))
+
+
+# --- the loop's shape ------------------------------------------------------------------------------------
+def test_the_loop_is_short_and_both_modes_are_strategies_of_one_protocol():
+    """Server FL and decentralized FL differ only in their Strategy: the same public methods, and the
+    decentralized trainer overrides none of the federated trainer's methods (it adds accessors)."""
+    import inspect
+
+    from hf_fedflat import DecentralizedTrainer
+    from hf_fedflat.decentralized import GossipStrategy
+    from hf_fedflat.federation import ServerStrategy, Strategy, loop
+
+    assert len(inspect.getsource(loop).splitlines()) < 250
+    protocol = {name for name, _ in inspect.getmembers(Strategy, inspect.isfunction) if not name.startswith("_")}
+    assert {"start", "sample", "send", "client_start", "apply", "model", "server_state"} <= protocol
+    for strategy in (ServerStrategy, GossipStrategy):
+        for name in protocol:
+            expected = list(inspect.signature(getattr(Strategy, name)).parameters)
+            assert list(inspect.signature(getattr(strategy, name)).parameters) == expected, (strategy, name)
+    overridden = {name for name in vars(DecentralizedTrainer) if name in vars(FederatedTrainer)} - {"__init__", "__doc__",
+                                                                                                     "__module__"}
+    assert overridden == {"supports_decentralized"}
+
+
+def test_the_run_writes_partition_files_and_the_model_card_through_callbacks(tmp_path):
+    from hf_fedflat.federation import PartitionFilesCallback
+    from hf_fedflat.hub import ModelCardCallback
+
+    args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_clients=2, clients_per_round=2,
+                                num_rounds=1, local_steps=1, partition_scheme="iid", per_device_train_batch_size=8)
+    trainer = FederatedTrainer(TinyClassifier(), args, TRAIN, TEST, label_column="labels")
+    assert [type(c) for c in trainer.callbacks] == [PartitionFilesCallback, ModelCardCallback]
+    trainer.callbacks = []  # without them, neither file is written
+    trainer.train()
+    assert not (tmp_path / "partition.json").exists() and not (tmp_path / "final_model" / "README.md").exists()
+    assert (tmp_path / "final_model" / "federated_config.json").exists()
