@@ -78,18 +78,19 @@ def _peak_rss_mb() -> float:
 
 
 def run_memory(opts: argparse.Namespace) -> dict:
-    """FedTrainingArguments first (it opens the process group), then data, model, the round loop."""
+    """The process group first (one process here), then FedTrainingArguments, data, model, the round loop."""
     import torch
 
     torch.set_num_threads(1)
     import transformers
 
-    from hf_fedflat import FedTrainingArguments, FederatedTrainer
+    from hf_fedflat import FedTrainingArguments, FederatedTrainer, init_process_group
     from hf_fedflat.data import load_digits_dataset
     from hf_fedflat.models import create_model
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    init_process_group()  # first: before the arguments set up accelerate
     args = FedTrainingArguments(
         output_dir=opts.output_dir, fed_algorithm=opts.algorithm, num_clients=opts.num_clients,
         clients_per_round=opts.clients_per_round, num_rounds=opts.num_rounds, local_steps=1,
@@ -130,20 +131,19 @@ def run_federated(opts: argparse.Namespace) -> dict | None:
     torch.set_num_threads(1)
     import transformers
 
-    from hf_fedflat import FedTrainingArguments, FederatedTrainer
+    from hf_fedflat import FedTrainingArguments, FederatedTrainer, init_process_group
     from hf_fedflat.data import load_digits_dataset
-    from hf_fedflat.federation import get_process_group
     from hf_fedflat.models import create_model
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    comm = init_process_group()  # first: before the arguments set up accelerate
     args = FedTrainingArguments(
         output_dir=opts.output_dir, fed_algorithm=opts.algorithm, num_clients=opts.num_clients,
         clients_per_round=opts.clients_per_round, num_rounds=opts.num_rounds, local_steps=opts.local_steps,
         per_device_train_batch_size=16, learning_rate=0.05, partition_scheme="dirichlet", dirichlet_alpha=0.3,
         seed=opts.seed, eval_every_n_rounds=10**6, report_to="none", disable_tqdm=True, use_cpu=True,
     )
-    comm = get_process_group()
     data = load_digits_dataset(image_size=opts.image_size, seed=opts.seed)
     torch.manual_seed(opts.seed)
     model = create_model("small_cnn", num_classes=10, in_chans=1, image_size=opts.image_size)

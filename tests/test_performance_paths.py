@@ -1,5 +1,5 @@
-"""The fast paths give the reference path's numbers: reused optimizer, dataloaders and scratch vectors,
-per-client seeding, the finite check, flat-vector buffers, heap trimming."""
+"""The fast path (``hf_fedflat.runtime``) gives the plain Trainer path's numbers: reused optimizer, dataloaders
+and scratch vectors, the client loop, per-client seeding, the finite check, flat-vector buffers, heap trimming."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import set_seed
 
-from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer
+from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer, runtime
+from hf_fedflat.runtime.memory import HeapTrimmer, malloc_in_use_bytes, resident_set_bytes
 from hf_fedflat.training import ParameterSpace
-from hf_fedflat.training.client_trainer import HeapTrimmer, malloc_in_use_bytes, resident_set_bytes
 from hf_fedflat.training.parameters import all_finite
 
 from conftest import TinyClassifier
@@ -31,6 +31,7 @@ class Trace(FederatedCallback):
 
 
 def run(output_dir, *, reuse: bool, **overrides):
+    """A federated run with the fast path on (``reuse``) or off (the plain Trainer path)."""
     settings = dict(
         output_dir=str(output_dir), use_cpu=True, num_clients=6, clients_per_round=3, num_rounds=4,
         per_device_train_batch_size=4, partition_scheme="iid", learning_rate=0.1, lr_decay_per_round=0.9, seed=7,
@@ -39,9 +40,9 @@ def run(output_dir, *, reuse: bool, **overrides):
     args = FedTrainingArguments(**settings)
     torch.manual_seed(0)
     trace = Trace()
-    trainer = FederatedTrainer(TinyClassifier(), args, TRAIN, TEST, label_column="labels", callbacks=[trace])
-    trainer.client_trainer.reuse_between_clients = reuse
-    return trainer, trainer.train(), trace
+    with runtime.fast_path(reuse):
+        trainer = FederatedTrainer(TinyClassifier(), args, TRAIN, TEST, label_column="labels", callbacks=[trace])
+        return trainer, trainer.train(), trace
 
 
 @pytest.mark.parametrize("algorithm, overrides", [
@@ -143,7 +144,8 @@ def test_direct_clipping_equals_the_trainers_clipping_through_accelerate(tmp_pat
     trainer, _, _ = run(tmp_path, reuse=True, num_rounds=1, max_grad_norm=0.05)
     client_trainer = trainer.client_trainer
     model = client_trainer.model
-    assert client_trainer._clip_parameters is not None and client_trainer._clip_parameters[0] is model  # it was used
+    clipping = client_trainer._direct_clipping
+    assert clipping.parameters is not None and clipping.parameters[0] is model  # it was used
     torch.manual_seed(1)
     grads = [torch.randn_like(p) for p in model.parameters()]
 

@@ -7,8 +7,9 @@ import threading
 import pytest
 import torch
 
-from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer, vectors
-from hf_fedflat.vectors import BufferPool, VectorRecycler, recycle_vectors
+from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer
+from hf_fedflat.runtime import vectors
+from hf_fedflat.runtime.vectors import BufferPool, VectorRecycler, recycle_vectors
 
 from conftest import TinyClassifier
 from test_federated_run import TEST, TRAIN

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..vectors import BufferPool
+from ..runtime.vectors import BufferPool
 from .wire import plan_tensors, unpack_tensors, write_tensors
 
 # What launchers (accelerate, torchrun, MPI) set and accelerate/transformers read to go distributed.

@@ -9,8 +9,9 @@ loop. A :class:`VectorRecycler` keeps the storages it hands out and gives one ba
 nothing else refers to it (its storage use count is 1: only the recycler). A vector anyone still holds,
 directly or through a view, is never handed out again, so recycling is invisible to the code using it.
 
-Activated for the duration of a federated run (``with recycle_vectors(...)``); outside it :func:`empty_like`
-and :func:`zeros_like` are ``torch.empty_like`` / ``torch.zeros_like``.
+Activated for the duration of a federated run (``with recycle_vectors(...)``); outside it, and with the
+fast path off (``runtime.switch``), :func:`empty_like` and :func:`zeros_like` are ``torch.empty_like`` /
+``torch.zeros_like``.
 
 :class:`BufferPool` applies the same rule to the byte buffers of the cross-process exchange, whose sizes
 vary with the clients a process trains.
@@ -24,6 +25,8 @@ import threading
 from collections.abc import Iterator
 
 import torch
+
+from .switch import enabled
 
 #: storages the recycler may track, in bytes (beyond it, vectors are ordinary allocations)
 RECYCLER_MAX_BYTES = 2**30
@@ -112,6 +115,8 @@ def recycle_vectors(numel: int, dtype: torch.dtype, device: torch.device | str,
     ``max_bytes``: memory kept in recycled storages (default ``RECYCLER_MAX_BYTES``; 0 turns recycling off).
     """
     budget = RECYCLER_MAX_BYTES if max_bytes is None else max_bytes
+    if not enabled("recycle_vectors"):
+        budget = 0
     previous = _active.recycler
     _active.recycler = recycler = VectorRecycler(numel, dtype, device, budget)
     try:
@@ -163,7 +168,7 @@ class BufferPool:
 
     def take(self, nbytes: int) -> torch.Tensor:
         """``nbytes`` bytes with undefined contents."""
-        if nbytes < self.min_bytes or _use_count is None:
+        if nbytes < self.min_bytes or _use_count is None or not enabled("buffer_pool"):
             return torch.empty(nbytes, dtype=torch.uint8)
         with self._lock:
             free = [s for s in self._storages if s.nbytes() >= nbytes and _use_count(s._cdata) == 1]

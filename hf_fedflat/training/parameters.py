@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from .. import vectors
+from ..runtime import vectors
 
 
 def all_finite(tensors: torch.Tensor | Iterable[torch.Tensor]) -> bool:

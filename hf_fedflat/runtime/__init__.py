@@ -1,0 +1,32 @@
+"""All of the toolkit's speed machinery, behind one switch (:mod:`.switch`).
+
+Nothing here changes a number: with the fast path off (``HF_FEDFLAT_FAST_PATH=0``, or
+``with hf_fedflat.runtime.fast_path(False):``) a run gives bit-identical weights through the plain
+``transformers.Trainer`` path and PyTorch's own allocations. Each mechanism is kept because
+``benchmarks/ablate.py`` measured it saving at least 3% of a round on some workload (README, Performance).
+
+- :mod:`.switch`: the switch (``fast_path``, ``enabled``, ``MECHANISMS``).
+- :mod:`.vectors`: recycled model-sized vectors (``recycle_vectors``, ``empty_like``, ...) and the
+  exchange's ``BufferPool``.
+- :mod:`.memory`: ``HeapTrimmer`` (glibc ``malloc_trim`` / ``mallinfo2`` through ctypes).
+- :mod:`.trainer`: the local Trainer's fast path (client loop, optimizer reuse, dataloader cache,
+  direct clipping, seeding, accelerate patches); imported by ``training.ClientTrainer`` only.
+- :mod:`.datasets`: ``select_rows``, client datasets without hashing the transform.
+"""
+
+from .switch import MECHANISMS, FastPath, current, enabled, fast_path
+from .vectors import BufferPool, VectorRecycler, empty, empty_like, recycle_vectors, zeros_like
+
+__all__ = [
+    "MECHANISMS",
+    "BufferPool",
+    "FastPath",
+    "VectorRecycler",
+    "current",
+    "empty",
+    "empty_like",
+    "enabled",
+    "fast_path",
+    "recycle_vectors",
+    "zeros_like",
+]
