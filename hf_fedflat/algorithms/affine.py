@@ -73,7 +73,7 @@ class Affine:
         return self * (1.0 / divisor)
 
     @property
-    def is_identity(self) -> bool:
+    def is_direction_alone(self) -> bool:
         """True for the expression ``D`` itself (nothing to compute)."""
         return self.scale == 1 and not self.terms
 
@@ -110,7 +110,7 @@ def symbolic(workspace: Any) -> Any:
 def evaluate(expression: Affine, direction: Tensor, weights: Callable[[], Tensor], bias_scale: float = 1.0) -> Tensor:
     """The expression on flat vectors: a new vector (``direction`` itself for ``D``); ``weights()`` gives ``w``
     flat and is called only when a term reads it."""
-    if expression.is_identity:
+    if expression.is_direction_alone:
         return direction
     out = torch.mul(direction, expression.scale) if expression.scale != 1 else None
     for coefficient, operand in expression.terms:
