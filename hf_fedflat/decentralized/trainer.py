@@ -14,12 +14,7 @@ from ..algorithms.registry import split_plugins
 from ..config import FedTrainingArguments
 from ..federation.trainer import FederatedTrainer
 from .gossip import is_decentralized
-from .strategy import (  # noqa: F401  (re-exported: where they were)
-    DECENTRALIZED_FINGERPRINT_FIELDS,
-    DEFAULT_LOCAL_EVAL_SAMPLE,
-    LOCAL_EVAL_ALL_UP_TO,
-    GossipStrategy,
-)
+from .strategy import GossipStrategy
 
 
 class DecentralizedTrainer(FederatedTrainer):

@@ -136,6 +136,7 @@ def _train_share(trainer, round_index, learning_rate, client_ids, received, roun
             failures[client_id] = f"straggler: round deadline of {args.round_deadline_seconds}s passed"
             continue
         start = trainer.strategy.client_start(client_id, received)
+        # through the trainer's train_client, so that a wrapper set on the trainer (a test's fault injection) runs
         update, failure = trainer.local_training.train_safely(trainer.train_client, client_id, round_index,
                                                               learning_rate, start)
         if failure is not None:
