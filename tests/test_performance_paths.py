@@ -59,6 +59,8 @@ def run(output_dir, *, reuse: bool, **overrides):
     ("fedup", dict(local_steps=3, fedup_alpha=0.5)),
     ("fedlesam_d", dict(local_steps=3, rho=0.2, feddyn_alpha=0.3)),
     ("fedlesam_s", dict(local_steps=3, rho=0.2)),
+    # SAM's two passes with accumulation and clipping that always cuts (norm 0.05)
+    ("fedsam", dict(local_steps=3, gradient_accumulation_steps=2, rho=0.1, max_grad_norm=0.05)),
 ])
 def test_reused_trainer_equals_rebuilding_everything_per_client(tmp_path, algorithm, overrides):
     fast_trainer, fast, fast_trace = run(tmp_path / "fast", reuse=True, fed_algorithm=algorithm, **overrides)
@@ -77,6 +79,33 @@ def test_reused_trainer_equals_rebuilding_everything_per_client(tmp_path, algori
     assert 0 < len(fast_trainer.client_trainer._train_loaders) <= 6
     assert (fast.params - run(tmp_path / "other", reuse=True, fed_algorithm=algorithm, seed=8, **overrides)[1].params
             ).abs().max() > 1e-4  # a different seed changes the result: the comparison has teeth
+
+
+def test_the_switch_reads_the_environment_and_is_per_thread():
+    import threading
+
+    from hf_fedflat.runtime import switch
+
+    assert switch.parse(None) == switch.parse("1") == switch.ON and switch.ON.enabled
+    assert switch.parse("0") == switch.OFF and not any(switch.OFF(m) for m in runtime.MECHANISMS)
+    partial = switch.parse("-heap_trim, -select_rows")
+    assert not partial("heap_trim") and not partial("select_rows") and partial("client_loop") and not partial.enabled
+    with pytest.raises(ValueError, match="HF_FEDFLAT_FAST_PATH"):
+        switch.parse("-no_such_mechanism")
+    with pytest.raises(ValueError, match="unknown mechanisms"):
+        with runtime.fast_path(without=["no_such_mechanism"]):
+            pass
+    before = runtime.current()
+    seen = {}
+    with runtime.fast_path(False):
+        assert not runtime.enabled("client_loop")
+        thread = threading.Thread(target=lambda: seen.update(other=runtime.current()))
+        thread.start()
+        thread.join()
+        with runtime.fast_path(without=["heap_trim"]):
+            assert runtime.enabled("client_loop") and not runtime.enabled("heap_trim")
+        assert runtime.current() == switch.OFF
+    assert seen["other"] == before and runtime.current() == before  # another thread keeps its own setting
 
 
 def test_seed_for_client_gives_set_seed_generators(tmp_path):
