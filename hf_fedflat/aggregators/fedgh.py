@@ -101,6 +101,8 @@ class HarmonizedAggregator(Aggregator):
     """
 
     plugin = "fedgh"
+    #: harmonization works on pairs of updates
+    min_clients_per_round = 2
 
     def __init__(self, base: Aggregator):
         super().__init__()  # no hyperparameters of its own

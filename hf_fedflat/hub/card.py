@@ -60,26 +60,33 @@ LAYOUTS = ("hf_fedflat", "timm", "peft")
 * ``peft``: adapter files at the root (``adapter_config.json``, ``adapter_model.safetensors``).
 """
 
-#: hyperparameter fields of ``FedTrainingArguments`` that each algorithm part reads (one line per part;
-#: add one when a part is added). Parts not listed are shown by name only.
-PART_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
-    # perturbations
-    "sam": ("rho",),
-    "gam": ("rho", "gam_alpha"),
-    "gam_original": ("rho", "gam_rho_prime", "gam_grad_alpha", "gam_grad_beta", "gam_gamma"),
-    "lesam": ("rho", "lesam_direction"),
-    "smoo": ("rho",),
-    # corrections
-    "prox": ("prox_mu",),
-    "scaffold": ("scaffold_lambda",),
-    "feddyn": ("feddyn_alpha",),
-    "fedup": ("fedup_alpha",),
-    "momentum": ("momentum_alpha",),
-    # aggregators
-    "fedadam": ("server_beta1", "server_beta2", "server_tau"),
-    "fedsmoo": ("feddyn_alpha", "rho"),
-    "gossip": ("topology", "topology_degree", "topology_redraw", "gossip_steps", "decentralized_participation"),
-}
+class _PartHyperparameters(Mapping):
+    """Part name -> the hyperparameter fields it reads, from the piece registry (``piece_hyperparameters``;
+    a name registered as two kinds of piece, e.g. ``feddyn``, reads the union). Read on each access, so
+    every piece registered by then is included; parts without hyperparameters are not listed."""
+
+    def _table(self) -> dict[str, tuple[str, ...]]:
+        from ..algorithms.registry import TABLES, piece_hyperparameters
+
+        table: dict[str, tuple[str, ...]] = {}
+        for kind, pieces in TABLES.items():
+            for name in pieces:
+                table[name] = tuple(dict.fromkeys((*table.get(name, ()), *piece_hyperparameters(kind, name))))
+        return {name: fields for name, fields in table.items() if fields}
+
+    def __getitem__(self, part: str) -> tuple[str, ...]:
+        return self._table()[part]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+#: hyperparameter fields of ``FedTrainingArguments`` that each algorithm part reads (each piece's config
+#: dataclass, through the registry). Parts without any are shown by name only.
+PART_HYPERPARAMETERS: Mapping[str, tuple[str, ...]] = _PartHyperparameters()
 
 _TABLE_COLUMNS = ("round", "train_loss", "eval_loss", "eval_accuracy", "round_seconds")
 
@@ -641,3 +648,4 @@ def write_model_card_for_trainer(trainer, final_model_dir: str | os.PathLike | N
     args = inputs.pop("args")
     folder = final_model_dir if final_model_dir is not None else os.path.join(args.output_dir, "final_model")
     return write_model_card(folder, args, output_dir=inputs.pop("output_dir", args.output_dir), **inputs)
+
