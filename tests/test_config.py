@@ -130,3 +130,25 @@ def test_bad_value_from_the_command_line_fails_before_anything_loads(tmp_path):
         parser.parse_args_into_dataclasses(
             ["--output_dir", str(tmp_path), "--use_cpu", "true", "--num_clients", "4", "--clients_per_round", "8"]
         )
+
+
+def test_every_piece_hyperparameter_is_a_flag_resolved_from_the_preset_then_the_piece():
+    import dataclasses
+
+    from hf_fedflat.algorithms.registry import hyperparameter_fields
+
+    names = {f.name for f in dataclasses.fields(FedTrainingArguments)}
+    assert {f.name for f in hyperparameter_fields()} <= names
+    assert {"rho", "prox_mu", "server_beta1", "topology", "gossip_steps"} <= names  # gossip registered before config
+    gam = make(fed_algorithm="fedgam")
+    assert (gam.rho, gam.gam_alpha) == (0.02, 0.2) and gam.prox_mu is None  # a piece this run does not use: unset
+    assert gam.algorithm_hyperparameters() == {"rho": 0.02, "gam_alpha": 0.2, "server_learning_rate": 1.0}
+    sam = gam.with_algorithm("fedsam")  # values taken from defaults go back to unset
+    assert sam.rho == 0.05 and sam.gam_alpha is None
+    assert make(fed_algorithm="fedgam", rho=0.3).with_algorithm("fedsam").rho == 0.3  # the user's value stays
+
+
+def test_a_launch_that_did_not_open_the_process_group_is_told_the_call(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"hf_fedflat\.init_process_group\(\)"):
+        make()
