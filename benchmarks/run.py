@@ -81,7 +81,7 @@ from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer, list_algorithms  # noqa: E402
 from hf_fedflat.data import ClientPartition, load_digits_dataset, partition_dataset  # noqa: E402
-from hf_fedflat.federation import derive_seed, sample_clients  # noqa: E402
+from hf_fedflat.sampling import derive_seed, sample_clients  # noqa: E402
 from hf_fedflat.models import create_model  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

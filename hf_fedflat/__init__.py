@@ -9,9 +9,8 @@ from .algorithms import (  # noqa: E402
     get_preset,
     list_algorithms,
 )
-# every piece registers before FedTrainingArguments takes its hyperparameter fields from the registry
-from .decentralized import DecentralizedTrainer, create_trainer  # noqa: E402  (registers gossip, d* presets)
 from .config import FedTrainingArguments  # noqa: E402
+from .decentralized import DecentralizedTrainer, create_trainer  # noqa: E402  (registers the d* presets)
 from .federation import FederatedCallback, FederatedTrainer, FederatedTrainOutput  # noqa: E402
 from .federation.comm import init_federated_process_group as init_process_group  # noqa: E402  (entry points call it first)
 from .training import ClientTrainer, ParameterSpace  # noqa: E402

@@ -165,7 +165,7 @@ def test_each_client_and_round_gets_its_own_data_order(tmp_path):
     """The Trainer's sampler is seeded from (seed, round, client), even when the user sets data_seed."""
     from transformers import set_seed
 
-    from hf_fedflat.federation import derive_seed
+    from hf_fedflat.sampling import derive_seed
 
     args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_clients=2, clients_per_round=2,
                                 partition_scheme="iid", per_device_train_batch_size=8, data_seed=5)

@@ -184,7 +184,7 @@ def test_each_check_names_its_field(field, value):
 
 
 def test_graph_topology_needs_its_edges():
-    from hf_fedflat.decentralized.gossip import GossipConfig
+    from hf_fedflat.aggregators.gossip import GossipConfig
 
     with pytest.raises(ValueError, match="^topology_edges: "):
         GossipConfig(topology="graph").validate()
@@ -199,8 +199,7 @@ def test_build_algorithm_reads_each_piece_field_and_unset_means_the_pieces_defau
 
 # --- piece files are plain torch ---------------------------------------------------------------------------
 PIECE_FILES = sorted(
-    [p for package in ("algorithms", "perturbations", "corrections", "aggregators") for p in (PACKAGE / package).glob("*.py")]
-    + [PACKAGE / "decentralized" / "gossip.py"]
+    p for package in ("algorithms", "perturbations", "corrections", "aggregators") for p in (PACKAGE / package).glob("*.py")
 )
 FORBIDDEN = ("hf_fedflat.vectors", "hf_fedflat.runtime", "hf_fedflat.training", "hf_fedflat.federation",
              "hf_fedflat.state", "transformers", "accelerate", "ctypes")

@@ -9,6 +9,7 @@ import pkgutil
 from .fedadam import FedAdamAggregator
 from .feddyn import FedDynAggregator, FedSMOOAggregator
 from .fedgh import HarmonizedAggregator, gradient_conflicts, harmonize
+from .gossip import GossipAggregator
 from .fednova import FedNovaAggregator
 from .mean import MeanAggregator
 
@@ -17,5 +18,5 @@ for _module in pkgutil.iter_modules(__path__):
 
 __all__ = [
     "FedAdamAggregator", "FedDynAggregator", "FedNovaAggregator", "FedSMOOAggregator", "HarmonizedAggregator",
-    "MeanAggregator", "gradient_conflicts", "harmonize",
+    "GossipAggregator", "MeanAggregator", "gradient_conflicts", "harmonize",
 ]

@@ -10,6 +10,7 @@ from .base import (
     Correction,
     FixedOffsetPerturbation,
     LocalResult,
+    MixingRule,
     Perturbation,
     Piece,
     RoundSummary,
@@ -17,7 +18,7 @@ from .base import (
     ascent_offset,
     global_norm,
 )
-from .hyperparameters import PieceConfig, check_choice, check_number, check_positive_int, hyperparameter
+from .hyperparameters import PieceConfig, check_choice, check_number, check_integer, hyperparameter
 from .registry import (
     AGGREGATORS,
     CORRECTIONS,
@@ -45,8 +46,8 @@ from .composed import FederatedAlgorithm, build_algorithm, build_piece, resolve_
 __all__ = [
     "AGGREGATORS", "CORRECTIONS", "PERTURBATIONS", "PRESETS", "Affine", "Aggregator", "AlgorithmSpec", "Capabilities",
     "ClientContext", "ClientPiece", "ClientUpdate", "Correction", "D", "FederatedAlgorithm", "FixedOffsetPerturbation",
-    "LocalResult", "Perturbation", "Piece", "PieceConfig", "RoundSummary", "SharpnessAware", "W", "ascent_offset",
-    "build_algorithm", "build_piece", "check_choice", "check_number", "check_positive_int", "get_preset",
+    "LocalResult", "MixingRule", "Perturbation", "Piece", "PieceConfig", "RoundSummary", "SharpnessAware", "W", "ascent_offset",
+    "build_algorithm", "build_piece", "check_choice", "check_number", "check_integer", "get_preset",
     "global_norm", "hyperparameter", "hyperparameter_fields", "list_algorithms", "piece_defaults",
     "piece_hyperparameters", "register_aggregator", "register_correction", "register_perturbation",
     "register_preset", "resolve_parts",

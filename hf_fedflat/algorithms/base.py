@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 
@@ -252,6 +252,22 @@ class Aggregator(Piece, ABC):
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
     ) -> tuple[Tensor, StateDict]:
         """Returns ``(w^{t+1}, new aggregator state)``; ``weights`` are the ``p_i`` (sum to 1)."""
+
+
+class MixingRule(Piece, ABC):
+    """The decentralized counterpart of an aggregator: no server and no global model; every client's own model
+    becomes a weighted average of its neighbours' (gossip). Registered with the aggregators, so presets name it
+    like a server rule (``dfedsam`` = ``sam`` x ``gossip``); the decentralized round strategy calls it."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(decentralized=True)
+
+    @abstractmethod
+    def mixing_matrix(self, round_index: int) -> Any:
+        """The round's mixing matrix ``W``."""
+
+    @abstractmethod
+    def mix(self, matrix: Any, load: Callable[[int], StateDict]) -> Iterator[tuple[int, StateDict]]:
+        """``(i, sum_j W_ij z_j)`` for every client ``i``; ``load(j)`` gives ``z_j``."""
 
 
 def weighted_sum(terms: list[Tensor], weights: Tensor) -> Tensor:

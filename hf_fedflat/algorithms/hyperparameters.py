@@ -19,9 +19,11 @@ default. The registry merges them into the flags of ``FedTrainingArguments``
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
+
+# the checks every configuration dataclass shares (their messages start with the field's name)
+from ..validation import check_choice, check_integer, check_number, fail  # noqa: F401
 
 
 def hyperparameter(default: Any, help: str) -> Any:
@@ -46,29 +48,3 @@ class PieceConfig:
             if value is not None:
                 values[f.name] = value
         return cls(**values)
-
-
-def fail(name: str, message: str) -> None:
-    raise ValueError(f"{name}: {message}")
-
-
-def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
-                 low_open: bool = False) -> None:
-    """A finite number in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        fail(name, f"must be a finite number, got {value!r}.")
-    if low is not None and (value <= low if low_open else value < low):
-        fail(name, f"must be {'>' if low_open else '>='} {low}, got {value}.")
-    if high is not None and value > high:
-        fail(name, f"must be <= {high}, got {value}.")
-
-
-def check_positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        fail(name, f"must be an integer >= 1, got {value!r}.")
-
-
-def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
-    choices = tuple(choices)
-    if value not in choices:
-        fail(name, f"must be one of {choices}, got {value!r}.")

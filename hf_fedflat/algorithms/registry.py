@@ -13,11 +13,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
-from .base import Aggregator, Correction, Perturbation
+from .base import Aggregator, Correction, MixingRule, Perturbation
 
 PERTURBATIONS: dict[str, type[Perturbation]] = {}
 CORRECTIONS: dict[str, type[Correction]] = {}
-AGGREGATORS: dict[str, type[Aggregator]] = {}
+#: server rules and the decentralized mixing rule (gossip), named alike by presets
+AGGREGATORS: dict[str, type[Aggregator] | type[MixingRule]] = {}
 PRESETS: dict[str, "AlgorithmSpec"] = {}
 #: aggregator plug-ins written as a suffix: ``"fedadam+fedgh"`` = FedGH harmonization in front of FedAdam
 AGGREGATOR_PLUGINS: dict[str, type] = {}
@@ -39,10 +40,6 @@ def _register(table: dict[str, type], kind: str):
             raise TypeError(f"{cls.__qualname__}.config_class must be a dataclass (a PieceConfig subclass).")
         _check_consistent(cls, config_class)
         table[cls.name] = cls
-        if kind == "perturbation" and "rho" in {f.name for f in dataclasses.fields(config_class)}:
-            # TRANSITIONAL: config.py reads ``default_rho`` until it resolves unset fields with piece_defaults();
-            # remove this once it does
-            cls.default_rho = config_class().rho
         return cls
 
     return decorator

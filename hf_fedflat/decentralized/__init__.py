@@ -5,8 +5,8 @@ Importing this package registers the ``gossip`` aggregator and the presets ``dfe
 """
 
 from . import presets as _presets  # noqa: F401
-from .gossip import GOSSIP_KEY, GossipAggregator, gossip_rows, is_decentralized
-from .topology import (
+from ..aggregators.gossip import GOSSIP_KEY, GossipAggregator, gossip_rows, is_decentralized
+from ..aggregators.topology import (
     TOPOLOGIES,
     MixingMatrix,
     Topology,

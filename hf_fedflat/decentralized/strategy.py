@@ -10,7 +10,7 @@ pieces' per-client state (under the key ``"gossip"``), so they spill to disk wit
 ``client_state_store="auto"|"disk"`` and every checkpoint saves them in ``client_states/``. Each
 process receives only the models of the clients it trains this round (one scatter) and sends back
 their updates (one gather); gossip runs on the main process row by row (see
-:func:`~hf_fedflat.decentralized.gossip.gossip_rows`), staging the new models in a second store of the
+:func:`~hf_fedflat.aggregators.gossip.gossip_rows`), staging the new models in a second store of the
 same kind before they replace the old ones. The run's model (evaluated, checkpointed, saved) is
 ``x_bar = mean_i x_i``.
 """
@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from ..federation.client import ClientStart
-from ..federation.sampling import derive_seed, sample_clients
+from ..sampling import derive_seed, sample_clients
 from ..federation.wire import client_states_payload, split_payload
 from ..state import create_client_state_store
 from ..state.store import ClientStateStore
-from .gossip import GOSSIP_KEY
-from .topology import MixingMatrix
+from ..aggregators.gossip import GOSSIP_KEY
+from ..aggregators.topology import MixingMatrix
 
 #: settings that must match, besides the federated ones, for a checkpoint to be resumed
 DECENTRALIZED_FINGERPRINT_FIELDS = (

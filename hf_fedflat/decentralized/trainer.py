@@ -13,7 +13,7 @@ from ..algorithms import AGGREGATORS, resolve_parts
 from ..algorithms.registry import split_plugins
 from ..config import FedTrainingArguments
 from ..federation.trainer import FederatedTrainer
-from .gossip import is_decentralized
+from ..aggregators.gossip import is_decentralized
 from .strategy import GossipStrategy
 
 

@@ -7,7 +7,7 @@ from .client import ClientStart, FailurePolicy, LocalTraining
 from .comm import FederatedProcessGroup, get_process_group, init_federated_process_group
 from .load_balance import ClientCostModel, assign_to_processes, local_work
 from .loop import FederatedTrainOutput, run_rounds
-from .sampling import derive_seed, sample_clients
+from ..sampling import derive_seed, sample_clients
 from .strategy import ServerStrategy, Strategy
 from .trainer import FederatedTrainer, accuracy_metrics, local_training_arguments
 

@@ -15,7 +15,7 @@ from ..diagnostics.run import DIAGNOSTICS_MESSAGE
 from ..training.parameters import all_finite
 from ..runtime.vectors import empty_like
 from .load_balance import local_work
-from .sampling import derive_seed
+from ..sampling import derive_seed
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from ..algorithms.base import weighted_sum
 from ..diagnostics.run import tensor_bytes
 from .checkpoint import Restored
 from .client import ClientStart
-from .sampling import sample_clients
+from ..sampling import sample_clients
 from .wire import client_states_payload, round_payload, split_payload
 
 Weights = dict[str, torch.Tensor]  # {"params": flat trainable parameters[, "buffers": flat averaged buffers]}

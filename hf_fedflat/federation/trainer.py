@@ -146,7 +146,7 @@ class FederatedTrainer:
             model=model, args=local_training_arguments(args), data_collator=data_collator,
             compute_metrics=compute_metrics, processing_class=processing_class,
         )
-        if getattr(self.algorithm.aggregator, "decentralized", False) and not self.supports_decentralized:
+        if self.algorithm.aggregator.capabilities.decentralized and not self.supports_decentralized:
             raise ValueError(
                 f"aggregator: {self.algorithm.aggregator.name!r} is decentralized (gossip, no server); build the "
                 "trainer with hf_fedflat.create_trainer(...) or DecentralizedTrainer(...)."

@@ -35,6 +35,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ..sampling import derive_seed
 
 logger = logging.getLogger(__name__)
 
@@ -358,8 +359,6 @@ class Topology:
         """The mixing matrix of round ``round_index`` (the same every round unless ``redraw``)."""
         if not self.redraw and self._fixed is not None:
             return self._fixed
-        from ..federation.sampling import derive_seed  # here: gossip registers before the federation loads
-
         rng = np.random.default_rng(derive_seed(self.seed, _TOPOLOGY_STREAM, round_index if self.redraw else 0))
         builder = TOPOLOGIES[self.name][0]
         matrix = MixingMatrix(builder(self.num_clients, self.degree, rng, self.edges), self.name, self.kind)

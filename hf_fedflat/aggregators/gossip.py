@@ -19,8 +19,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from ..algorithms.base import Aggregator, Capabilities, ClientUpdate, StateDict, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_choice, check_positive_int, fail, hyperparameter
+from ..algorithms.base import MixingRule, Tensor
+from ..algorithms.hyperparameters import PieceConfig, check_choice, check_integer, fail, hyperparameter
 from ..algorithms.registry import register_aggregator
 from .topology import TOPOLOGIES, MixingMatrix, Topology, load_edges
 
@@ -77,14 +77,14 @@ class GossipConfig(PieceConfig):
 
     def validate(self) -> None:
         check_choice("topology", self.topology, TOPOLOGIES)
-        check_positive_int("topology_degree", self.topology_degree)
-        check_positive_int("gossip_steps", self.gossip_steps)
+        check_integer("topology_degree", self.topology_degree)
+        check_integer("gossip_steps", self.gossip_steps)
         if self.topology == "graph" and not self.topology_edges:
             fail("topology_edges", "topology='graph' needs a JSON file of undirected edges [[i, j], ...].")
 
 
 @register_aggregator
-class GossipAggregator(Aggregator):
+class GossipAggregator(MixingRule):
     """``x_i <- sum_j (W^Q)_ij z_j`` over the configured topology (Q = ``gossip_steps``).
 
     Holds the run's :class:`Topology`; :meth:`mixing_matrix` gives the round's ``W`` (whose spectral gap
@@ -95,7 +95,6 @@ class GossipAggregator(Aggregator):
     name = "gossip"
     config_class = GossipConfig
     run_settings = ("num_clients", "seed")
-    capabilities = Capabilities(decentralized=True)
 
     def __init__(self, config: GossipConfig | None = None, num_clients: int = 1, seed: int = 0):
         super().__init__(config)
@@ -113,12 +112,3 @@ class GossipAggregator(Aggregator):
     ) -> Iterator[tuple[int, dict[str, Tensor]]]:
         """The new model of every client, row by row (see :func:`gossip_rows`)."""
         return gossip_rows(matrix.power(self.gossip_steps), load)
-
-    def aggregate(
-        self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
-    ) -> tuple[Tensor, StateDict]:
-        raise ValueError(
-            "aggregator: 'gossip' mixes every client's own model with its neighbours' and has no global model to "
-            "update; train with hf_fedflat.DecentralizedTrainer (hf_fedflat.create_trainer picks it from the "
-            "arguments) instead of FederatedTrainer."
-        )
