@@ -9,8 +9,8 @@ Nothing here changes a number: with the fast path off (``HF_FEDFLAT_FAST_PATH=0`
 - :mod:`.vectors`: recycled model-sized vectors (``recycle_vectors``, ``empty_like``, ...) and the
   exchange's ``BufferPool``.
 - :mod:`.memory`: ``HeapTrimmer`` (glibc ``malloc_trim`` / ``mallinfo2`` through ctypes).
-- :mod:`.trainer`: the local Trainer's fast path (client loop, optimizer reuse, dataloader cache,
-  direct clipping, seeding, accelerate patches); imported by ``training.ClientTrainer`` only.
+- :mod:`.trainer`: the local Trainer's fast path (optimizer reuse, seeding, accelerate patches);
+  imported by ``training.ClientTrainer`` only.
 - :mod:`.datasets`: ``select_rows``, client datasets without hashing the transform.
 """
 

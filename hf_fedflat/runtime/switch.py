@@ -25,14 +25,10 @@ MECHANISMS: tuple[str, ...] = (
     "recycle_vectors",   # model-sized vectors reuse their storage (vectors.recycle_vectors)
     "buffer_pool",       # exchange buffers of the cross-process gather reused between rounds (vectors.BufferPool)
     "heap_trim",         # malloc_trim between clients once freed heap memory piles up (memory.HeapTrimmer)
-    "client_loop",       # the lean local loop instead of Trainer._inner_training_loop (trainer.client_loop)
     "optimizer_reuse",   # one prepared optimizer for every client, its state cleared (trainer.reset_optimizer)
-    "dataloader_cache",  # a client's prepared dataloader kept and rewound for its next visit
     "step_buffers",      # the step's scratch vectors kept, corrections added to p.grad in place
     "free_memory",       # accelerator.free_memory without its gc.collect() per client
     "cached_lookups",    # accelerate's is_lomo_available / is_deepspeed_available cached
-    "direct_clipping",   # torch's clip_grad_norm_ halves on a cached parameter list
-    "skip_flops",        # no FLOP count per step (Trainer.floating_point_ops)
     "seed_shortcut",     # CPU generators seeded directly instead of transformers.set_seed
     "select_rows",       # client datasets selected without hashing the transform (datasets.select_rows)
 )

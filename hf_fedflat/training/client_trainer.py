@@ -27,8 +27,8 @@ class ClientTrainer(Trainer):
     The overrides below only delegate to :mod:`hf_fedflat.runtime.trainer` when the fast path
     (``runtime.switch``, read once when the trainer is built: ``self.fast_path``) has the mechanism on,
     and to the Trainer's own code otherwise; both give bit-identical weights (tested). What is reused
-    between clients on the fast path: the prepared optimizer (state cleared), each client's prepared
-    dataloader (rewound to its seed), the step's scratch vectors.
+    between clients on the fast path: the prepared optimizer (state cleared) and the step's scratch
+    vectors. The Trainer's own loop runs every client.
     """
 
     def __init__(self, *args, **kwargs):
@@ -47,18 +47,14 @@ class ClientTrainer(Trainer):
         self.workspaces: dict[str, Any] = {}
         #: forward+backward passes run so far (diagnostics and tests)
         self.gradient_passes = 0
-        #: local rounds run by the fast client loop (the others went through the Trainer's own loop)
-        self.client_loops = 0
         #: micro-batches that took the step's in-place path (see hf_fedflat.training.step)
         self.in_place_steps = 0
-        self._train_loaders = fast.DataloaderCache()
         self._uniform_lr = False  # every param group of the optimizer follows args.learning_rate
         self._scratch_vectors: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         #: per-parameter views of the client's workspace vectors, made on first use (see :meth:`_workspace_views`)
         self._views_of_workspace: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         #: returns the heap memory of finished clients to the OS (call :meth:`release_memory` between clients)
         self.heap = HeapTrimmer()
-        self._direct_clipping = fast.DirectClipping()
 
     @property
     def reuse_between_clients(self) -> bool:
@@ -114,26 +110,6 @@ class ClientTrainer(Trainer):
         if prepared is None:
             return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
         return prepared
-
-    def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None,
-                             ignore_keys_for_eval=None):
-        if not (self.fast_path("client_loop") and fast.client_loop_applies(self, args, resume_from_checkpoint, trial)):
-            return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, trial, ignore_keys_for_eval)
-        self.client_loops += 1
-        return fast.client_loop(self, args)
-
-    def _clip_grad_norm(self, model):
-        norm = self._direct_clipping(self, model) if self.fast_path("direct_clipping") else None
-        return norm if norm is not None else super()._clip_grad_norm(model)
-
-    def get_train_dataloader(self):
-        if not self.fast_path("dataloader_cache"):
-            return super().get_train_dataloader()
-        return self._train_loaders.get(self, super().get_train_dataloader)
-
-    def floating_point_ops(self, inputs) -> int:
-        # The Trainer counts FLOPs on every step for `total_flos`; nothing federated reads it.
-        return 0 if self.fast_path("skip_flops") else super().floating_point_ops(inputs)
 
     # -- the algorithm's step -------------------------------------------------------------------------
     def _bias_scale(self) -> float:
