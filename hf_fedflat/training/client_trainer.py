@@ -57,7 +57,7 @@ class ClientTrainer(Trainer):
         self.heap = HeapTrimmer()
 
     @property
-    def reuse_between_clients(self) -> bool:
+    def keeps_step_buffers(self) -> bool:
         """The step keeps its scratch vectors and corrects ``p.grad`` in place (mechanism ``step_buffers``)."""
         return self.fast_path("step_buffers")
 
@@ -121,7 +121,7 @@ class ClientTrainer(Trainer):
     def _scratch(self, name: str) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """A preallocated flat vector and its per-parameter views, reused by every step (``None`` when reuse
         is off: the reference path allocates per step)."""
-        if not self.reuse_between_clients:
+        if not self.keeps_step_buffers:
             return None
         entry = self._scratch_vectors.get(name)
         if entry is None:
@@ -139,7 +139,7 @@ class ClientTrainer(Trainer):
         result = step.training_step(
             self.space, self.algorithm, self.workspaces,
             lambda: Trainer.training_step(self, model, inputs, num_items_in_batch),
-            bias_scale=self._bias_scale, in_place=self.reuse_between_clients, scratch=self._scratch,
+            bias_scale=self._bias_scale, in_place=self.keeps_step_buffers, scratch=self._scratch,
             workspace_views=self._workspace_views,
         )
         self.gradient_passes += result.gradient_passes

@@ -77,14 +77,13 @@ def training_step(
         workspace_views: per-parameter views of a vector fixed for the client's round (cached by the caller);
             default ``space.split``.
     """
+    if takes_plain_step(algorithm, workspaces):
+        return StepResult(backward(), 1)
     perturbation = algorithm.perturbation
-    if isinstance(perturbation, FixedOffsetPerturbation):
+    if in_place and isinstance(perturbation, FixedOffsetPerturbation) and not space.has_grad():
         offset = perturbation.offset(workspaces[perturbation.name])
-        if offset is None and not algorithm.corrections:
-            return StepResult(backward(), 1)
-        if in_place and not space.has_grad():
-            return _in_place_step(space, algorithm, workspaces, backward, offset, bias_scale, scratch,
-                                  workspace_views or space.split)
+        return _in_place_step(space, algorithm, workspaces, backward, offset, bias_scale, scratch,
+                              workspace_views or space.split)
     return _flat_step(space, algorithm, workspaces, backward, bias_scale, scratch)
 
 
