@@ -121,6 +121,17 @@ def test_resume_with_other_settings_is_refused(tmp_path):
         run(tmp_path, fed_algorithm="scaffold", num_clients=8, resume="latest")
 
 
+def test_resume_with_other_piece_hyperparameters_is_refused(tmp_path):
+    """The fingerprint holds every hyperparameter the run's pieces declare (read from the registry)."""
+    run(tmp_path, fed_algorithm="fedgamma", rho=0.1, num_rounds=2, save_every_n_rounds=1)
+    with pytest.raises(CheckpointError, match="rho"):
+        run(tmp_path, fed_algorithm="fedgamma", rho=0.2, num_rounds=3, resume="latest")
+    with pytest.raises(CheckpointError, match="scaffold_lambda"):
+        run(tmp_path, fed_algorithm="fedgamma", rho=0.1, scaffold_lambda=0.5, num_rounds=3, resume="latest")
+    _, resumed = run(tmp_path, fed_algorithm="fedgamma", rho=0.1, num_rounds=3, resume="latest")
+    assert [r["round"] for r in resumed.history] == [1, 2, 3]
+
+
 class TinyBatchNormClassifier(TinyClassifier):
     def __init__(self):
         super().__init__()

@@ -176,8 +176,9 @@ FINGERPRINT_FIELDS = (
 
 
 def fingerprint_fields(args) -> tuple[str, ...]:
-    """The names of the settings a checkpoint records and a resume must match."""
-    return FINGERPRINT_FIELDS
+    """The names of the settings a checkpoint records and a resume must match: the run's set-up and every
+    hyperparameter the run's pieces declare (read from the piece registry through ``args``)."""
+    return FINGERPRINT_FIELDS + tuple(name for name in args.algorithm_hyperparameters() if name not in FINGERPRINT_FIELDS)
 
 
 @dataclass
