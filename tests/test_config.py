@@ -152,3 +152,12 @@ def test_a_launch_that_did_not_open_the_process_group_is_told_the_call(monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match=r"hf_fedflat\.init_process_group\(\)"):
         make()
+
+
+def test_a_bool_piece_hyperparameter_is_a_bare_flag_as_before(tmp_path):
+    """``--topology_redraw`` alone means true (its field is Optional, unset = the piece's own default)."""
+    parser = HfArgumentParser(FedTrainingArguments)
+    base = ["--output_dir", str(tmp_path), "--fed_algorithm", "dfedavg"]
+    for extra, expected in (([], False), (["--topology_redraw"], True), (["--topology_redraw", "false"], False)):
+        (args,) = parser.parse_args_into_dataclasses(base + extra)
+        assert args.topology_redraw is expected

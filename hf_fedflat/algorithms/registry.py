@@ -113,7 +113,10 @@ def hyperparameter_fields() -> list[dataclasses.Field]:
         kind = entry["type"]
         base = [a for a in typing.get_args(kind) if a is not type(None)] if type(None) in typing.get_args(kind) else [kind]
         optional = typing.Optional[base[0]]  # typing.Optional, not ``X | None``: what HfArgumentParser reads
-        f = dataclasses.field(default=None, metadata={"help": help_text})
+        metadata = {"help": help_text}
+        if base[0] is bool:  # ``--flag`` alone means true, as for a plain bool field (HfArgumentParser reads these)
+            metadata.update(nargs="?", const=True)
+        f = dataclasses.field(default=None, metadata=metadata)
         f.name, f.type = name, optional
         fields.append(f)
     return fields
