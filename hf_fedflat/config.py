@@ -92,11 +92,6 @@ def _registered_pieces() -> list[type]:
     return [*PERTURBATIONS.values(), *CORRECTIONS.values(), *AGGREGATORS.values(), *AGGREGATOR_PLUGINS.values()]
 
 
-def _own_defaults(piece: type) -> dict[str, Any]:
-    config = piece.config_class()
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-
-
 @dataclass
 @include_fields(hyperparameter_fields, after="aggregator")
 @include_fields(PartitionArguments, after="aggregation_weights")
@@ -265,7 +260,7 @@ class FedTrainingArguments(TrainingArguments):
         :data:`RUN_DEFAULTS`; the ones filled in are recorded in ``_defaulted_fields`` (see :meth:`with_algorithm`).
         A hyperparameter that no active piece reads stays unset."""
         defaulted = set()
-        sources = [dict(get_preset(self.fed_algorithm).defaults), *(_own_defaults(p) for p in pieces), RUN_DEFAULTS]
+        sources = [dict(get_preset(self.fed_algorithm).defaults), *(p.config_class.defaults() for p in pieces), RUN_DEFAULTS]
         for source in sources:
             for name, value in source.items():
                 if hasattr(self, name) and getattr(self, name) is None:

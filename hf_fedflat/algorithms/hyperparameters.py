@@ -39,6 +39,12 @@ class PieceConfig:
         """Raise ``ValueError("<field>: ...")`` for a value the piece cannot use."""
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """``{field: this config's default}``: the piece's own value of each of its hyperparameters."""
+        config = cls()
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(cls)}
+
+    @classmethod
     def from_args(cls, args: Any) -> "PieceConfig":
         """This config from any object with the fields as attributes (``FedTrainingArguments``); a missing or
         ``None`` attribute takes this config's default."""

@@ -79,8 +79,7 @@ def piece_hyperparameters(kind: str, name: str) -> tuple[str, ...]:
 
 def piece_defaults(kind: str, name: str) -> dict[str, Any]:
     """The piece's own default of each of its hyperparameters."""
-    config = TABLES[kind][name].config_class()
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return TABLES[kind][name].config_class.defaults()
 
 
 def hyperparameter_fields() -> list[dataclasses.Field]:
@@ -93,11 +92,11 @@ def hyperparameter_fields() -> list[dataclasses.Field]:
     merged: dict[str, dict[str, Any]] = {}
     for piece, config_class in _registered_configs():
         types = _config_types(config_class)
-        defaults = config_class()
+        defaults = config_class.defaults()
         for f in dataclasses.fields(config_class):
             entry = merged.setdefault(f.name, {"type": types[f.name], "help": f.metadata.get("help", ""),
                                                "defaults": {}})
-            entry["defaults"][piece] = getattr(defaults, f.name)
+            entry["defaults"][piece] = defaults[f.name]
     fields = []
     for name in sorted(merged):
         entry = merged[name]

@@ -71,8 +71,6 @@ class DataArguments:
                 raise ValueError(f"{name}: must be an integer >= 1 (or unset), got {value!r}.")
 
 
-#MODEL
-
 
 @dataclass
 class PartitionArguments:
