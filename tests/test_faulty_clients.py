@@ -10,6 +10,7 @@ import torch
 
 from hf_fedflat import FedTrainingArguments, FederatedCallback, FederatedTrainer, build_algorithm
 from hf_fedflat.data import ClientPartition
+from hf_fedflat.federation.loop import TrainingFailedError
 
 from conftest import TinyClassifier
 from test_federated_run import TEST, TRAIN
@@ -82,7 +83,10 @@ def test_round_without_any_good_client_keeps_the_global_model(tmp_path):
     trainer, capture = make(tmp_path, clients_per_round=2, num_rounds=1, max_consecutive_failed_rounds=0)
     start = trainer.space.flatten().clone()
     inject(trainer, nan=set(range(6)))
-    output = trainer.train()
+    with pytest.raises(TrainingFailedError, match="No round aggregated any client") as failed:
+        trainer.train()  # the run ends, but its model is the initial one: it fails (no final_model/)
+    output = failed.value.output
+    assert output.final_model_dir is None and not (tmp_path / "final_model").exists()
     torch.testing.assert_close(output.params, start, rtol=0, atol=0)
     assert output.history[0]["num_clients"] == 0 and "train_loss" not in output.history[0]
     assert len(output.history[0]["failed_clients"]) == 2 and "eval_accuracy" in output.history[0]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..federation.client import ClientStart
+from ..federation.strategy import NonFiniteServerStep, refuse_non_finite
 from ..sampling import derive_seed, sample_clients
 from ..federation.wire import client_states_payload, split_payload
 from ..state import create_client_state_store
@@ -147,7 +148,8 @@ class GossipStrategy:
         return ClientStart(own["params"], {}, state, own.get("buffers"))
 
     def apply(self, round_index: int, learning_rate: float, updates, weights) -> dict[str, Any]:
-        """Gossip (a failed client gossips its model unchanged); consensus, spectral gap and bytes sent."""
+        """Gossip (a failed client gossips its model unchanged); consensus, spectral gap and bytes sent.
+        A non-finite new local model refuses the whole round (:class:`NonFiniteServerStep`): no model changes."""
         matrix, exact_average = self._gossip(round_index, updates)
         self._average, exact_average = self._cast(exact_average)
         steps = matrix.weights.copy()
@@ -179,6 +181,11 @@ class GossipStrategy:
 
         staging = self._staging_store()
         for client_id, mixed in self.aggregator.mix(matrix, load):
+            try:  # before any new model replaces an old one: a refused round leaves every x_i as it was
+                refuse_non_finite("gossip step", {f"client {client_id}'s new model": mixed})
+            except NonFiniteServerStep:
+                staging.clear()
+                raise
             staging.put(client_id, {GOSSIP_KEY: mixed})
         total: dict[str, torch.Tensor] = {}
         for client_id in range(self.args.num_clients):

@@ -133,6 +133,8 @@ class LocalTraining:
             return None, f"training raised {type(error).__name__}: {error}"
         # What the client received (w^t, the broadcast, its stored state) is finite already: a piece handing one
         # back as its new state (LESAM's w_old_i is w^t) costs no second pass over it per client.
+        if update.num_steps <= 0:  # trained nothing: its "update" is the model it received
+            return None, f"trained {update.num_steps} optimizer steps: nothing to aggregate"
         received = {_memory_of(t) for t in _tensors_in(inputs)}
         tensors = [update.delta, *(t for part in (update.messages, update.state) for d in part.values() for t in d.values())]
         if not all_finite([t for t in tensors if _memory_of(t) not in received]):
@@ -146,24 +148,47 @@ class LocalTraining:
 
 
 class FailurePolicy:
-    """Logs excluded clients and aborts a run whose every sampled client raised for
-    ``max_consecutive_failed_rounds`` rounds in a row (a bug in the data or model, not bad clients)."""
+    """Logs excluded clients, names why a round aggregated nothing, and stops a run in which no client was
+    aggregated for ``max_consecutive_failed_rounds`` rounds in a row, whatever the reason (clients raised,
+    non-finite or oversized updates, stragglers, clients without a full batch, a refused non-finite server
+    step, ...): such a run is not training. 0 never stops early (the run still fails at the end when no
+    round aggregated anything).
+
+    A round failed when its record says ``num_clients == 0``; the count is read back from the history, so it
+    carries over a resume."""
 
     def __init__(self, max_consecutive_failed_rounds: int):
         self.limit = max_consecutive_failed_rounds
-        self.rounds_all_raised = 0
 
-    def check(self, round_index: int, num_sampled: int, failures: dict[int, str]) -> None:
+    def log(self, round_index: int, failures: dict[int, str]) -> None:
         for client_id, reason in sorted(failures.items()):
             logger.warning("Round %d: client %d excluded from aggregation: %s", round_index + 1, client_id, reason)
-        raised = [r for r in failures.values() if r.startswith("training raised")]
-        self.rounds_all_raised = self.rounds_all_raised + 1 if raised and len(raised) == num_sampled else 0
-        if self.limit and self.rounds_all_raised >= self.limit:
-            raise RuntimeError(
-                f"Every sampled client raised during local training for {self.limit} consecutive rounds (last: "
-                f"{raised[0]}); this looks like a bug in the data or model rather than bad clients. Fix it, or "
-                "raise max_consecutive_failed_rounds (0 never aborts)."
-            )
+
+    @staticmethod
+    def round_failure(num_sampled: int, failures: dict[int, str]) -> str:
+        """Why a round aggregated no client, in one line (``failed_clients`` lists every client's reason)."""
+        if not failures:
+            return f"no client aggregated ({num_sampled} sampled)"
+        client, reason = min(failures.items())
+        return f"no client aggregated: {len(failures)} of {num_sampled} sampled excluded, e.g. client {client}: {reason}"
+
+    def check(self, history: list[dict]) -> str | None:
+        """The reason to stop the run now, or None."""
+        failed = 0
+        for record in reversed(history):
+            if record.get("num_clients", 0) > 0:
+                break
+            failed += 1
+        if not self.limit or failed < self.limit:
+            return None
+        last = history[-1]
+        reason = last.get("round_failed", "no client aggregated")
+        hint = ("this looks like a bug in the data or model rather than bad clients"
+                if all(f["reason"].startswith("training raised") for f in last.get("failed_clients", [{"reason": ""}]))
+                else "the run is not training")
+        return (f"No client was aggregated for {failed} consecutive rounds (rounds {last['round'] - failed + 1}-"
+                f"{last['round']}); last round: {reason}. {hint[0].upper() + hint[1:]}: fix the cause, or raise "
+                "max_consecutive_failed_rounds (0 never stops early).")
 
 
 def _memory_of(tensor: torch.Tensor) -> tuple:

@@ -12,10 +12,19 @@ inputs, the gather of the results)::
     inputs  = strategy.send(comm, shares)             # w^t / own models, broadcast, client states
     for each of this process's clients: train from strategy.client_start(...), failure policy
     gather the updates (wire format) -> main: strategy.apply(...) -> record, eval, history, checkpoint
+
+A round that aggregates no client (every client excluded, whatever the reason, or the strategy refused a
+non-finite new state) is recorded with ``num_clients: 0`` and ``round_failed: <reason>``; after
+``max_consecutive_failed_rounds`` of them in a row the run stops, and a run in which no round aggregated
+anything fails at the end: both raise :class:`TrainingFailedError` after writing ``history.json`` and
+``run_status.json``, and write no ``final_model/`` (it would not be a trained model). ``run_status.json``
+(``status`` "completed" or "failed", ``reason``, rounds aggregated/failed, ``final_model``) is written by
+every run. Between rounds (and clients) the process exits when its launcher died (:mod:`.parent`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -24,11 +33,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..io import RecordLog
+from ..io import RecordLog, atomic_write_json
 from ..runtime.vectors import recycle_vectors
 from .callbacks import RoundReporter
 from .load_balance import assign_to_processes
+from .parent import ParentWatch
+from .strategy import NonFiniteServerStep
 from .wire import decode_gathered, encode_updates
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,6 +49,27 @@ class FederatedTrainOutput:
     params: torch.Tensor
     history: list[dict]
     final_model_dir: str | None
+
+
+#: what ``hf-fedflat train`` exits with when the run failed with :class:`TrainingFailedError`
+EXIT_TRAINING_FAILED = 3
+RUN_STATUS_FILE = "run_status.json"
+
+
+class TrainingFailedError(RuntimeError):
+    """The run did not train: no client was aggregated for ``max_consecutive_failed_rounds`` rounds in a row, or
+    in any round at all. Raised on every process after ``history.json`` and ``run_status.json`` are written;
+    no ``final_model/`` is written.
+
+    Attributes:
+        reason: why, in one line (also ``run_status.json``'s ``reason`` and the last history record's).
+        output: the :class:`FederatedTrainOutput` of the last good state (``final_model_dir`` None).
+        status: the contents of ``run_status.json`` (main process; ``{}`` on the others).
+    """
+
+    def __init__(self, reason: str, output: FederatedTrainOutput, status: dict | None = None):
+        super().__init__(reason)
+        self.reason, self.output, self.status = reason, output, status or {}
 
 
 def aggregation_weights(updates, scheme: str) -> torch.Tensor:
@@ -65,7 +99,10 @@ def _run(trainer, resume) -> FederatedTrainOutput:
     progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", dynamic_ncols=True,
                     disable=not comm.is_main or args.disable_tqdm)
     run_start = time.perf_counter()
+    watch = ParentWatch()
     for round_index in range(start_round, args.num_rounds):
+        if not comm.distributed:  # (distributed: the main process decides for all, at the end of each round)
+            watch.check(f" before round {round_index + 1}")
         round_start = time.perf_counter()
         clients = strategy.sample(round_index)
         learning_rate = args.learning_rate * args.lr_decay_per_round**round_index
@@ -73,7 +110,8 @@ def _run(trainer, resume) -> FederatedTrainOutput:
 
         shares = _split(trainer, clients)
         received = strategy.send(comm, shares)
-        updates, failures = _train_share(trainer, round_index, learning_rate, shares[comm.rank], received, round_start)
+        updates, failures = _train_share(trainer, round_index, learning_rate, shares[comm.rank], received, round_start,
+                                         watch)
 
         gathered = comm.gather_tensors(encode_updates(updates, failures))
         if comm.is_main:
@@ -82,8 +120,8 @@ def _run(trainer, resume) -> FederatedTrainOutput:
             for update in updates:
                 trainer.cost_model.observe(update.num_steps, trainer.local_work(update.client_id)[1],
                                            update.train_seconds)
-            trainer.failure_policy.check(round_index, len(clients), failures)
-            record = _apply(trainer, round_index, learning_rate, updates)
+            trainer.failure_policy.log(round_index, failures)
+            record = _apply(trainer, round_index, learning_rate, updates, failures, len(clients))
             if failures:
                 record["failed_clients"] = [{"client": c, "reason": r} for c, r in sorted(failures.items())]
             record["round_seconds"] = time.perf_counter() - round_start
@@ -98,6 +136,14 @@ def _run(trainer, resume) -> FederatedTrainOutput:
                                          trainer.history, record["wall_seconds"])
             trainer.call_callbacks("on_round_end", round_index, record)
         progress.update(1)
+        stop = trainer.failure_policy.check(trainer.history) if comm.is_main else None
+        if comm.distributed:  # one decision for every process: the main one's (its launcher is theirs)
+            stop, launcher_died = comm.broadcast_object((stop, comm.is_main and watch.parent_died()))
+            if launcher_died:
+                watch.stop(f" after round {round_index + 1}")
+        if stop is not None:
+            progress.close()
+            _fail(trainer, reporter, stop)
     progress.close()
     return _finish(trainer, reporter)
 
@@ -128,10 +174,12 @@ def _split(trainer, clients: list[int]) -> list[list[int]]:
     return comm.broadcast_object(shares)
 
 
-def _train_share(trainer, round_index, learning_rate, client_ids, received, round_start):
+def _train_share(trainer, round_index, learning_rate, client_ids, received, round_start, watch):
     """Train this process's clients; ``(updates, {client id: why it is excluded})``."""
     args, updates, failures = trainer.args, [], {}
     for client_id in client_ids:
+        if not trainer.comm.distributed:
+            watch.check(f" during round {round_index + 1}")
         if args.round_deadline_seconds and time.perf_counter() - round_start > args.round_deadline_seconds:
             failures[client_id] = f"straggler: round deadline of {args.round_deadline_seconds}s passed"
             continue
@@ -147,8 +195,11 @@ def _train_share(trainer, round_index, learning_rate, client_ids, received, roun
     return updates, failures
 
 
-def _apply(trainer, round_index: int, learning_rate: float, updates) -> dict:
-    """Main process: the strategy turns the results into the next state; the round's record."""
+def _apply(trainer, round_index: int, learning_rate: float, updates, failures: dict[int, str], num_sampled: int) -> dict:
+    """Main process: the strategy turns the results into the next state; the round's record.
+
+    A round that aggregates nothing records why (``round_failed``); a refused non-finite new state moves the
+    round's clients to ``failures``."""
     args, strategy = trainer.args, trainer.strategy
     record = {"round": round_index + 1, "num_clients": len(updates), "clients": [u.client_id for u in updates],
               "learning_rate": learning_rate}
@@ -156,7 +207,15 @@ def _apply(trainer, round_index: int, learning_rate: float, updates) -> dict:
     if updates:  # else every client failed: the model stays as it was (decentralized: gossips unchanged)
         record["train_loss"] = float(sum(w * u.train_loss for w, u in zip(weights.tolist(), updates)))
         record["local_steps"] = float(np.mean([u.num_steps for u in updates]))
-    record.update(strategy.apply(round_index, learning_rate, updates, weights))
+    else:
+        record["round_failed"] = trainer.failure_policy.round_failure(num_sampled, failures)
+    try:
+        record.update(strategy.apply(round_index, learning_rate, updates, weights))
+    except NonFiniteServerStep as refused:  # the strategy kept its old state: nothing was aggregated
+        logger.warning("Round %d: %s", round_index + 1, refused)
+        record.update(num_clients=0, clients=[], round_failed=str(refused))
+        failures.update({u.client_id: f"trained, but the round was refused ({refused})" for u in updates})
+        updates = []
     trainer.call_callbacks("on_aggregate", round_index, updates)
     if (round_index + 1) % args.eval_every_n_rounds == 0 or round_index + 1 == args.num_rounds:
         model = strategy.model()
@@ -170,8 +229,18 @@ def _apply(trainer, round_index: int, learning_rate: float, updates) -> dict:
 
 
 def _finish(trainer, reporter) -> FederatedTrainOutput:
-    """Every process: the final model; main process: saved to ``final_model/``, end-of-run callbacks."""
+    """Every process: the final model; main process: saved to ``final_model/``, end-of-run callbacks.
+
+    A run in which no round aggregated any client fails instead (:func:`_fail`): its model is the initial one."""
     comm, final_dir = trainer.comm, None
+    untrained = None
+    if comm.is_main and not any(r.get("num_clients", 0) > 0 for r in trainer.history):
+        untrained = (f"No round aggregated any client ({len(trainer.history)} rounds run): the model is the initial "
+                     "one, not a trained one, and final_model/ is not written. See failed_clients and round_failed "
+                     "in history.json.")
+    untrained = comm.broadcast_object(untrained)
+    if untrained is not None:
+        _fail(trainer, reporter, untrained)
     final = comm.broadcast_tensors(trainer.strategy.model() if comm.is_main else None)
     params = final["params"]
     trainer.load_weights(params, final.get("buffers"))
@@ -179,6 +248,46 @@ def _finish(trainer, reporter) -> FederatedTrainOutput:
         reporter.close()
         trainer.diagnostics.finish(trainer.client_trainer, params)
         final_dir = trainer.save_model(os.path.join(trainer.args.output_dir, "final_model"))
+        _write_status(trainer, "completed", None, final_dir)
         trainer.call_callbacks("on_train_end", trainer.history, final_model_dir=final_dir)
     comm.barrier()
     return FederatedTrainOutput(params=params, history=trainer.history, final_model_dir=final_dir)
+
+
+def _fail(trainer, reporter, reason: str) -> None:
+    """Every process: end a run that did not train. Main process: the last history record and
+    ``run_status.json`` say so; then :class:`TrainingFailedError` everywhere (no ``final_model/``)."""
+    comm, status = trainer.comm, {}
+    final = comm.broadcast_tensors(trainer.strategy.model() if comm.is_main else None)
+    if comm.is_main:
+        logger.error("Training failed: %s", reason)
+        reporter.close()
+        if trainer.history:
+            trainer.history[-1].update(run_status="failed", run_failure=reason)
+            RecordLog(os.path.join(trainer.args.output_dir, "history.json")).write(trainer.history)
+        status = _write_status(trainer, "failed", reason, None)
+    comm.barrier()
+    output = FederatedTrainOutput(params=final["params"], history=trainer.history, final_model_dir=None)
+    raise TrainingFailedError(reason, output, status)
+
+
+def _write_status(trainer, status: str, reason: str | None, final_dir: str | None) -> dict:
+    """``run_status.json``: whether the run trained, and why not."""
+    history = trainer.history
+    aggregated = [r["round"] for r in history if r.get("num_clients", 0) > 0]
+    stale = final_dir is None and os.path.isdir(os.path.join(trainer.args.output_dir, "final_model"))
+    summary = {
+        "status": status,
+        "reason": reason,
+        "trained": bool(aggregated),
+        "final_model": final_dir,
+        "rounds_run": len(history),
+        "rounds_aggregated": len(aggregated),
+        "rounds_failed": len(history) - len(aggregated),
+        "last_aggregated_round": aggregated[-1] if aggregated else None,
+        "exit_code": 0 if status == "completed" else EXIT_TRAINING_FAILED,
+    }
+    if stale:
+        summary["note"] = "final_model/ in this folder was written by an earlier run, not by this one"
+    atomic_write_json(summary, os.path.join(trainer.args.output_dir, RUN_STATUS_FILE))
+    return summary

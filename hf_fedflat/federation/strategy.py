@@ -6,7 +6,9 @@ A :class:`Strategy` answers, for the loop in :mod:`hf_fedflat.federation.loop`:
 - ``send(comm, shares)``: what the processes receive for the round (a collective: every process calls it);
 - ``client_start(client_id, received)``: what one client starts from (:class:`~.client.ClientStart`);
 - ``apply(round, learning_rate, updates, weights)`` (main process): how the gathered results become the
-  next state; returns the round's record fields of the strategy (the loop adds round, clients, loss, eval);
+  next state; returns the round's record fields of the strategy (the loop adds round, clients, loss, eval).
+  A new state with a NaN or Inf is refused before it replaces the old one (:func:`refuse_non_finite` raises
+  :class:`NonFiniteServerStep`; the loop counts the round as failed);
 - ``model()``: the run's current model ``{"params"[, "buffers"]}``: evaluated, checkpointed, and final;
 - ``server_state()``: what a checkpoint holds besides the model and the client-state store;
 - ``evaluate_more(evaluate)``: further eval metrics (decentralized: the clients' own models);
@@ -29,9 +31,33 @@ from ..diagnostics.run import tensor_bytes
 from .checkpoint import Restored
 from .client import ClientStart
 from ..sampling import sample_clients
+from ..training.parameters import all_finite
 from .wire import client_states_payload, round_payload, split_payload
 
 Weights = dict[str, torch.Tensor]  # {"params": flat trainable parameters[, "buffers": flat averaged buffers]}
+
+
+class NonFiniteServerStep(ArithmeticError):
+    """A round's new model or server state holds a NaN or Inf: the strategy refused it and kept its old state
+    (the loop records the round as failed, with this message as the reason)."""
+
+
+def refuse_non_finite(what: str, parts: dict) -> None:
+    """Raise :class:`NonFiniteServerStep` naming the first non-finite tensor of ``parts`` (nested dicts of
+    tensors); one pass over each tensor (a sum, see ``all_finite``). ``what``: "server step", "gossip", ..."""
+    for name, tensor in _named_tensors(parts):
+        if not all_finite(tensor):
+            raise NonFiniteServerStep(
+                f"non-finite {what}: {name} has NaN or Inf; refused, the model and state stay as they were"
+            )
+
+
+def _named_tensors(parts: dict, prefix: str = ""):
+    for key, value in parts.items():
+        if isinstance(value, torch.Tensor):
+            yield prefix + str(key), value
+        elif isinstance(value, dict):
+            yield from _named_tensors(value, f"{prefix}{key}.")
 
 
 class Strategy(Protocol):
@@ -106,13 +132,15 @@ class ServerStrategy:
         """Aggregate (unless every client failed), update the server halves and the client-state store."""
         if not updates:  # the global model stays as it was
             return {}
-        params, self.state = self.algorithm.server_step(
+        params, state = self.algorithm.server_step(
             round_index, self.weights["params"], updates, weights, self.state, self.args.num_clients, learning_rate
         )
         new = {"params": params}
         if "buffers" in self.weights:  # running statistics: weighted mean, like FedAvg
             new["buffers"] = weighted_sum([u.buffers for u in updates], weights)
-        self.weights = new
+        # e.g. FedAdam with server_tau 0 (0/0): checked before it replaces the old model and state
+        refuse_non_finite("server step", {**new, "server_state": state})
+        self.weights, self.state = new, state
         for update in updates:
             if update.state:
                 self.store.put(update.client_id, update.state)
