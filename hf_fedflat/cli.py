@@ -77,16 +77,40 @@ def parse_train_args(argv: Sequence[str]):
                              "`hf-fedflat train --help` lists the fields.")
         parser.set_defaults(**values)
     data_args, model_args, lora_args, training_args, *_ = parser.parse_args_into_dataclasses(rest)
+    warn_about_token_flag(rest, values if known.config else {}, known.config)
     return data_args, model_args, lora_args, training_args
+
+
+def warn_about_token_flag(argv: Sequence[str], config_values: dict | None = None, config_path: str | None = None) -> bool:
+    """Warn when ``--hub_token`` is given as a flag (or in a config file): a command line is visible to
+    every user of the machine (``ps``) and is echoed by ``accelerate launch`` when the run fails. The
+    ``HF_TOKEN`` environment variable or ``hf auth login`` keep it out of both. True when it warned."""
+    where = None
+    if any(a == "--hub_token" or a.startswith("--hub_token=") for a in argv):
+        where = "as a command-line flag (visible in `ps`, and echoed by `accelerate launch` when the run fails)"
+    elif (config_values or {}).get("hub_token"):
+        where = f"in the config file {config_path}"
+    if where is None:
+        return False
+    logger.warning("hub_token is given %s; prefer the HF_TOKEN environment variable or `hf auth login` "
+                   "(huggingface_hub reads either), and leave hub_token unset.", where)
+    return True
 
 
 def train_main(argv: Sequence[str]) -> int:
     from .experiment import run_experiment
     from .federation.comm import init_federated_process_group
+    from .federation.loop import EXIT_TRAINING_FAILED, RUN_STATUS_FILE, TrainingFailedError
 
     group = init_federated_process_group()  # before the arguments set up accelerate
     data_args, model_args, lora_args, args = parse_train_args(argv)
-    experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
+    try:
+        experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
+    except TrainingFailedError as failed:  # the run did not train: no final model, a non-zero exit status
+        if group.is_main:
+            print(f"\nTraining failed: {failed.reason}\nSee {os.path.join(args.output_dir, RUN_STATUS_FILE)} and "
+                  "history.json; no final_model/ was written.", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
     if group.is_main:
         summary = summarize_run(args.output_dir)
         print(format_comparison([summary]))
