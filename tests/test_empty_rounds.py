@@ -1,0 +1,286 @@
+"""Runs that aggregate nothing do not "finish": every round in which no client was aggregated counts toward
+``max_consecutive_failed_rounds`` whatever the reason, a non-finite server (or gossip) step is refused, and a
+run that did not train raises ``TrainingFailedError`` / exits non-zero and says so in its records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from hf_fedflat import FedTrainingArguments, FederatedTrainer
+from hf_fedflat.cli import main
+from hf_fedflat.decentralized import DecentralizedTrainer
+from hf_fedflat.federation.loop import EXIT_TRAINING_FAILED, TrainingFailedError
+from hf_fedflat.federation.parent import ParentWatch, watch_requested
+
+from conftest import TinyClassifier, make_tiny_dataset
+
+TRAIN = make_tiny_dataset(n=96, seed=1)  # 4 iid clients of 24 rows
+TEST = make_tiny_dataset(n=30, seed=2)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ReluClassifier(TinyClassifier):
+    """The tiny MLP with ReLU (unbounded, like real nets: a step of 1e30 overflows the next forward pass) and
+    a parameter no loss reaches (an embedding row never looked up): its update is exactly 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.net[1] = nn.ReLU()
+        self.unused = nn.Parameter(torch.zeros(3))
+
+
+def make(tmp_path, trainer_class=FederatedTrainer, **overrides):
+    settings = dict(output_dir=str(tmp_path), use_cpu=True, fed_algorithm="fedavg", num_clients=4,
+                    clients_per_round=2, num_rounds=5, local_steps=2, per_device_train_batch_size=4,
+                    partition_scheme="iid", learning_rate=0.1, seed=3, max_consecutive_failed_rounds=2,
+                    disable_tqdm=True)
+    settings.update(overrides)
+    torch.manual_seed(0)
+    return trainer_class(ReluClassifier(), FedTrainingArguments(**settings), TRAIN, TEST, label_column="labels")
+
+
+def nan_updates(trainer):  # what --weight_decay nan did (now refused by the config): every update is NaN
+    original = trainer.train_client
+
+    def faulty(*args, **kwargs):
+        update = original(*args, **kwargs)
+        update.delta[0] = float("nan")
+        return update
+
+    trainer.train_client = faulty
+
+
+def zero_steps(trainer):  # a client whose Trainer ran no optimizer step: its "update" is what it received
+    original = trainer.train_client
+
+    def faulty(*args, **kwargs):
+        update = original(*args, **kwargs)
+        update.num_steps = 0
+        return update
+
+    trainer.train_client = faulty
+
+
+def raising(trainer):
+    def faulty(client_id, *args, **kwargs):
+        raise RuntimeError(f"disk on fire at client {client_id}")
+
+    trainer.train_client = faulty
+
+
+def nan_server_step(trainer):  # an aggregator bug: the new global model has a NaN
+    original = trainer.algorithm.server_step
+
+    def faulty(*args, **kwargs):
+        params, state = original(*args, **kwargs)
+        params = params.clone()
+        params[-1] = float("inf")
+        return params, state
+
+    trainer.algorithm.server_step = faulty
+
+
+def nan_gossip(trainer):  # one client's mixed model is NaN: the whole gossip round is refused
+    aggregator = trainer.strategy.aggregator
+    original = aggregator.mix
+
+    def faulty(matrix, load):
+        for client_id, mixed in original(matrix, load):
+            if client_id == 2:
+                mixed = dict(mixed, params=torch.full_like(mixed["params"], float("nan")))
+            yield client_id, mixed
+
+    aggregator.mix = faulty
+
+
+CASES = {
+    # id: (settings, fault, what the reason says)
+    "learning_rate 1e30": (dict(learning_rate=1e30), None, "update contains NaN or Inf"),
+    "NaN update (weight_decay nan)": ({}, nan_updates, "update contains NaN or Inf"),
+    "max_update_norm 1e-12": (dict(max_update_norm=1e-12), None, "exceeds max_update_norm=1e-12"),
+    "round_deadline_seconds 1e-9": (dict(round_deadline_seconds=1e-9), None, "straggler: round deadline of 1e-09s"),
+    "drop_last, batch > every client": (dict(dataloader_drop_last=True, per_device_train_batch_size=64), None,
+                                        "24 rows, fewer than one batch of 64 with dataloader_drop_last"),
+    "zero optimizer steps": ({}, zero_steps, "trained 0 optimizer steps"),
+    "every client raises": ({}, raising, "training raised RuntimeError: disk on fire"),
+    "fedadam server_tau 0": (dict(fed_algorithm="fedadam", server_tau=0.0), None,
+                             "non-finite server step: params has NaN or Inf"),
+    "scaffold, non-finite server step": (dict(fed_algorithm="scaffold"), nan_server_step,
+                                         "non-finite server step: params has NaN or Inf"),
+    "dfedavg, every update NaN": (dict(fed_algorithm="dfedavg"), nan_updates, "update contains NaN or Inf"),
+    "dfedavg, non-finite gossip": (dict(fed_algorithm="dfedavg"), nan_gossip,
+                                   "non-finite gossip step: client 2's new model.params has NaN or Inf"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_run_that_aggregates_nothing_stops_after_the_limit_with_the_reason(tmp_path, case, caplog):
+    settings, fault, reason = CASES[case]
+    decentralized = settings.get("fed_algorithm") == "dfedavg"
+    trainer = make(tmp_path, DecentralizedTrainer if decentralized else FederatedTrainer, **settings)
+    initial = trainer.space.flatten().clone()
+    # FedAdam's m, v and SCAFFOLD's c start at zero (a decentralized run has no server state)
+    server_state = {} if decentralized else trainer.algorithm.init_server_state(initial)
+    if fault:
+        fault(trainer)
+    with caplog.at_level(logging.WARNING, logger="hf_fedflat"), pytest.raises(TrainingFailedError) as failed:
+        trainer.train()
+    error = failed.value
+    assert error.reason.startswith("No client was aggregated for 2 consecutive rounds (rounds 1-2); last round: ")
+    assert reason in error.reason and reason in caplog.text
+
+    # the records say it: every round failed, with why; the last one and run_status.json say the run failed
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert [r["round"] for r in history] == [1, 2]  # stopped at the limit, not after 5 rounds
+    for record in history:
+        assert record["num_clients"] == 0 and record["clients"] == [] and reason in record["round_failed"]
+        sampled = trainer.strategy.sample(record["round"] - 1)
+        assert [f["client"] for f in record["failed_clients"]] == sorted(sampled)  # each with its reason
+    assert history[-1]["run_status"] == "failed" and history[-1]["run_failure"] == error.reason
+    status = json.loads((tmp_path / "run_status.json").read_text())
+    assert status == error.status == {
+        "status": "failed", "reason": error.reason, "trained": False, "final_model": None, "rounds_run": 2,
+        "rounds_aggregated": 0, "rounds_failed": 2, "last_aggregated_round": None, "exit_code": EXIT_TRAINING_FAILED,
+    }
+    # no final model that would look trained; the returned model, the server state and the store are the initial ones
+    assert not (tmp_path / "final_model").exists() and error.output.final_model_dir is None
+    assert torch.equal(error.output.params, initial)
+    state = trainer.strategy.server_state()
+    assert state.keys() == server_state.keys()
+    assert all(torch.equal(state[piece][name], t) for piece, part in server_state.items() for name, t in part.items())
+    if decentralized:  # every local model is still the initial one (a refused gossip writes none)
+        assert all(torch.equal(trainer.strategy.local_model(c)["params"], initial) for c in range(4))
+    else:
+        assert all(trainer.store.get(c) == {} for c in range(4))  # no client state written (SCAFFOLD's c_i)
+
+
+def test_failed_rounds_fewer_than_the_limit_in_a_row_only_count(tmp_path):
+    trainer = make(tmp_path, num_rounds=4, max_consecutive_failed_rounds=2)
+    original = trainer.train_client
+
+    def faulty(client_id, round_index, *args, **kwargs):
+        update = original(client_id, round_index, *args, **kwargs)
+        if round_index in (0, 2):  # rounds 1 and 3 fail, never two in a row
+            update.delta[0] = float("nan")
+        return update
+
+    trainer.train_client = faulty
+    output = trainer.train()
+    assert [r["num_clients"] for r in output.history] == [0, 2, 0, 2]
+    assert ["round_failed" in r for r in output.history] == [True, False, True, False]
+    status = json.loads((tmp_path / "run_status.json").read_text())
+    assert status == {"status": "completed", "reason": None, "trained": True, "final_model": output.final_model_dir,
+                      "rounds_run": 4, "rounds_aggregated": 2, "rounds_failed": 2, "last_aggregated_round": 4,
+                      "exit_code": 0}
+    assert (tmp_path / "final_model" / "federated_config.json").is_file()
+
+
+def test_with_no_limit_every_round_runs_and_an_untrained_run_still_fails(tmp_path):
+    trainer = make(tmp_path, num_rounds=3, max_consecutive_failed_rounds=0, max_update_norm=1e-12)
+    with pytest.raises(TrainingFailedError, match=r"No round aggregated any client \(3 rounds run\)"):
+        trainer.train()
+    status = json.loads((tmp_path / "run_status.json").read_text())
+    assert status["status"] == "failed" and status["rounds_failed"] == 3 and not (tmp_path / "final_model").exists()
+
+
+def test_a_normal_run_is_unaffected(tmp_path):
+    trainer = make(tmp_path, num_rounds=2)
+    output = trainer.train()
+    assert [r["num_clients"] for r in output.history] == [2, 2]
+    assert not any(key in r for r in output.history for key in ("round_failed", "run_status", "failed_clients"))
+    status = json.loads((tmp_path / "run_status.json").read_text())
+    assert status["status"] == "completed" and status["trained"] and status["rounds_failed"] == 0
+    assert output.final_model_dir == str(tmp_path / "final_model")
+
+
+def test_the_cli_exits_non_zero_and_warns_about_a_token_flag(tmp_path, caplog):
+    out = tmp_path / "out"
+    argv = ["train", "--dataset_name", "digits", "--test_fraction", "0.05", "--model_name", "small_cnn",
+            "--image_size", "8", "--output_dir", str(out), "--num_clients", "4", "--clients_per_round", "2",
+            "--num_rounds", "4", "--local_steps", "1", "--per_device_train_batch_size", "8", "--use_cpu", "true",
+            "--disable_tqdm", "true", "--max_update_norm", "1e-12", "--max_consecutive_failed_rounds", "2",
+            "--hub_token", "hf_not_a_real_token"]
+    with caplog.at_level(logging.WARNING, logger="hf_fedflat"):
+        assert main(argv) == EXIT_TRAINING_FAILED == 3
+    assert "hub_token is given as a command-line flag" in caplog.text and "HF_TOKEN" in caplog.text
+    assert "hf_not_a_real_token" not in caplog.text
+    status = json.loads((out / "run_status.json").read_text())
+    assert status["status"] == "failed" and "exceeds max_update_norm=1e-12" in status["reason"]
+    assert not (out / "final_model").exists()
+
+
+def test_parent_watch_settings(monkeypatch):
+    assert watch_requested({}) is False  # a plain process (nohup ... &) outlives its shell
+    assert watch_requested({"TORCHELASTIC_RUN_ID": "x"}) and watch_requested({"ACCELERATE_DYNAMO_BACKEND": "NO"})
+    assert watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "1"})
+    assert not watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "0", "TORCHELASTIC_RUN_ID": "x"})
+    with pytest.raises(ValueError, match="HF_FEDFLAT_EXIT_WITH_PARENT: expected auto, 1 or 0, got 'maybe'"):
+        watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "maybe"})
+    watch = ParentWatch(enabled=True)
+    watch.check()  # same parent: nothing happens
+    monkeypatch.setattr(os, "getppid", lambda: watch.parent + 1)
+    with pytest.raises(SystemExit, match="the launcher .* exited before round 7"):
+        watch.check(" before round 7")
+    assert not ParentWatch(enabled=False).parent_died()
+
+
+LAUNCHER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, *sys.argv[1:]], stdout=sys.stderr)
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_training_process_exits_when_its_launcher_is_killed(tmp_path):
+    """A launcher starts a run of 100000 rounds; once it has trained a round, the launcher is SIGKILLed: the
+    run stops at its next check (between rounds/clients) instead of running on alone."""
+    out = tmp_path / "run"
+    script = ROOT / "tests" / "scripts" / "tiny_federated_run.py"
+    run_args = [str(script), "--output_dir", str(out), "--use_cpu", "true", "--num_clients", "4",
+                "--clients_per_round", "2", "--num_rounds", "100000", "--local_steps", "1",
+                "--per_device_train_batch_size", "4", "--partition_scheme", "iid", "--eval_every_n_rounds", "1000",
+                "--disable_tqdm", "true"]
+    env = dict(os.environ, HF_FEDFLAT_EXIT_WITH_PARENT="1", PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "run.log", "w")
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, *run_args], env=env, stdout=subprocess.PIPE,
+                                stderr=log, text=True)
+    child = int(launcher.stdout.readline())
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "history.json").is_file():  # the run is training
+            assert time.monotonic() < deadline and launcher.poll() is None, (tmp_path / "run.log").read_text()
+            time.sleep(0.2)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 60
+        while _alive(child):
+            assert time.monotonic() < deadline, "the training process outlived its launcher by 60 s"
+            time.sleep(0.2)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+        log.close()
+    assert "the launcher (parent process" in (tmp_path / "run.log").read_text()
+    rounds = len(json.loads((out / "history.json").read_text()))
+    assert 1 <= rounds < 100000 and not (out / "final_model").exists()
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for a reaper that never comes)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
