@@ -100,7 +100,7 @@ def warn_about_token_flag(argv: Sequence[str], config_values: dict | None = None
 def train_main(argv: Sequence[str]) -> int:
     from .experiment import run_experiment
     from .federation.comm import init_federated_process_group
-    from .federation.loop import EXIT_TRAINING_FAILED, RUN_STATUS_FILE, TrainingFailedError
+    from .federation.outcome import EXIT_TRAINING_FAILED, RUN_STATUS_FILE, TrainingFailedError
 
     group = init_federated_process_group()  # before the arguments set up accelerate
     data_args, model_args, lora_args, args = parse_train_args(argv)

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from hf_fedflat import DecentralizedTrainer, FederatedCallback, FedTrainingArguments, FederatedTrainer, get_preset
 from hf_fedflat.decentralized import GossipAggregator, Topology, trainer_class_for
 from hf_fedflat.aggregators.gossip import GossipConfig
+from hf_fedflat.federation.outcome import TrainingFailedError
 
 from conftest import TinyClassifier, make_tiny_dataset, tiny_loss
 
@@ -253,7 +254,11 @@ def test_batchnorm_statistics_gossip_with_the_weights(tmp_path):
 def test_failed_clients_gossip_their_unchanged_model(tmp_path):
     torch.manual_seed(0)
     initial = torch.cat([p.detach().reshape(-1) for p in TinyClassifier().parameters()])
-    trainer, _ = run(tmp_path, num_rounds=1, max_update_norm=1e-9)  # every update is "too large"
+    args = FedTrainingArguments(**settings(tmp_path, num_rounds=1, max_update_norm=1e-9))
+    torch.manual_seed(0)
+    trainer = DecentralizedTrainer(TinyClassifier(), args, TRAIN, TEST, label_column="labels")
+    with pytest.raises(TrainingFailedError, match="No round aggregated any client"):
+        trainer.train()  # every update is "too large": nothing trained, so the run fails (no final model)
     record = trainer.history[0]
     assert record["num_clients"] == 0 and len(record["failed_clients"]) == 3 and "train_loss" not in record
     torch.testing.assert_close(local_models(trainer), initial.expand(6, -1), rtol=0, atol=1e-7)

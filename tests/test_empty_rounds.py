@@ -20,7 +20,7 @@ from torch import nn
 from hf_fedflat import FedTrainingArguments, FederatedTrainer
 from hf_fedflat.cli import main
 from hf_fedflat.decentralized import DecentralizedTrainer
-from hf_fedflat.federation.loop import EXIT_TRAINING_FAILED, TrainingFailedError
+from hf_fedflat.federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
 from hf_fedflat.federation.parent import ParentWatch, watch_requested
 
 from conftest import TinyClassifier, make_tiny_dataset

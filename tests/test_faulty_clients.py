@@ -10,7 +10,7 @@ import torch
 
 from hf_fedflat import FedTrainingArguments, FederatedCallback, FederatedTrainer, build_algorithm
 from hf_fedflat.data import ClientPartition
-from hf_fedflat.federation.loop import TrainingFailedError
+from hf_fedflat.federation.outcome import TrainingFailedError
 
 from conftest import TinyClassifier
 from test_federated_run import TEST, TRAIN

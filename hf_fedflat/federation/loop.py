@@ -13,13 +13,10 @@ inputs, the gather of the results)::
     for each of this process's clients: train from strategy.client_start(...), failure policy
     gather the updates (wire format) -> main: strategy.apply(...) -> record, eval, history, checkpoint
 
-A round that aggregates no client (every client excluded, whatever the reason, or the strategy refused a
-non-finite new state) is recorded with ``num_clients: 0`` and ``round_failed: <reason>``; after
-``max_consecutive_failed_rounds`` of them in a row the run stops, and a run in which no round aggregated
-anything fails at the end: both raise :class:`TrainingFailedError` after writing ``history.json`` and
-``run_status.json``, and write no ``final_model/`` (it would not be a trained model). ``run_status.json``
-(``status`` "completed" or "failed", ``reason``, rounds aggregated/failed, ``final_model``) is written by
-every run. Between rounds (and clients) the process exits when its launcher died (:mod:`.parent`).
+A round that aggregates no client (all excluded, whatever the reason, or a non-finite new state refused)
+is recorded with ``num_clients: 0`` and ``round_failed``; a run that did not train raises
+:class:`~.outcome.TrainingFailedError` (see :mod:`.outcome`). Between rounds (and clients) the process exits
+when its launcher died (:mod:`.parent`).
 """
 
 from __future__ import annotations
@@ -33,10 +30,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..io import RecordLog, atomic_write_json
+from ..io import RecordLog
 from ..runtime.vectors import recycle_vectors
 from .callbacks import RoundReporter
 from .load_balance import assign_to_processes
+from .outcome import TrainingFailedError, untrained_reason, write_run_status
 from .parent import ParentWatch
 from .strategy import NonFiniteServerStep
 from .wire import decode_gathered, encode_updates
@@ -49,27 +47,6 @@ class FederatedTrainOutput:
     params: torch.Tensor
     history: list[dict]
     final_model_dir: str | None
-
-
-#: what ``hf-fedflat train`` exits with when the run failed with :class:`TrainingFailedError`
-EXIT_TRAINING_FAILED = 3
-RUN_STATUS_FILE = "run_status.json"
-
-
-class TrainingFailedError(RuntimeError):
-    """The run did not train: no client was aggregated for ``max_consecutive_failed_rounds`` rounds in a row, or
-    in any round at all. Raised on every process after ``history.json`` and ``run_status.json`` are written;
-    no ``final_model/`` is written.
-
-    Attributes:
-        reason: why, in one line (also ``run_status.json``'s ``reason`` and the last history record's).
-        output: the :class:`FederatedTrainOutput` of the last good state (``final_model_dir`` None).
-        status: the contents of ``run_status.json`` (main process; ``{}`` on the others).
-    """
-
-    def __init__(self, reason: str, output: FederatedTrainOutput, status: dict | None = None):
-        super().__init__(reason)
-        self.reason, self.output, self.status = reason, output, status or {}
 
 
 def aggregation_weights(updates, scheme: str) -> torch.Tensor:
@@ -233,12 +210,7 @@ def _finish(trainer, reporter) -> FederatedTrainOutput:
 
     A run in which no round aggregated any client fails instead (:func:`_fail`): its model is the initial one."""
     comm, final_dir = trainer.comm, None
-    untrained = None
-    if comm.is_main and not any(r.get("num_clients", 0) > 0 for r in trainer.history):
-        untrained = (f"No round aggregated any client ({len(trainer.history)} rounds run): the model is the initial "
-                     "one, not a trained one, and final_model/ is not written. See failed_clients and round_failed "
-                     "in history.json.")
-    untrained = comm.broadcast_object(untrained)
+    untrained = comm.broadcast_object(untrained_reason(trainer.history) if comm.is_main else None)
     if untrained is not None:
         _fail(trainer, reporter, untrained)
     final = comm.broadcast_tensors(trainer.strategy.model() if comm.is_main else None)
@@ -248,7 +220,7 @@ def _finish(trainer, reporter) -> FederatedTrainOutput:
         reporter.close()
         trainer.diagnostics.finish(trainer.client_trainer, params)
         final_dir = trainer.save_model(os.path.join(trainer.args.output_dir, "final_model"))
-        _write_status(trainer, "completed", None, final_dir)
+        write_run_status(trainer.args.output_dir, trainer.history, "completed", None, final_dir)
         trainer.call_callbacks("on_train_end", trainer.history, final_model_dir=final_dir)
     comm.barrier()
     return FederatedTrainOutput(params=params, history=trainer.history, final_model_dir=final_dir)
@@ -265,29 +237,7 @@ def _fail(trainer, reporter, reason: str) -> None:
         if trainer.history:
             trainer.history[-1].update(run_status="failed", run_failure=reason)
             RecordLog(os.path.join(trainer.args.output_dir, "history.json")).write(trainer.history)
-        status = _write_status(trainer, "failed", reason, None)
+        status = write_run_status(trainer.args.output_dir, trainer.history, "failed", reason, None)
     comm.barrier()
     output = FederatedTrainOutput(params=final["params"], history=trainer.history, final_model_dir=None)
     raise TrainingFailedError(reason, output, status)
-
-
-def _write_status(trainer, status: str, reason: str | None, final_dir: str | None) -> dict:
-    """``run_status.json``: whether the run trained, and why not."""
-    history = trainer.history
-    aggregated = [r["round"] for r in history if r.get("num_clients", 0) > 0]
-    stale = final_dir is None and os.path.isdir(os.path.join(trainer.args.output_dir, "final_model"))
-    summary = {
-        "status": status,
-        "reason": reason,
-        "trained": bool(aggregated),
-        "final_model": final_dir,
-        "rounds_run": len(history),
-        "rounds_aggregated": len(aggregated),
-        "rounds_failed": len(history) - len(aggregated),
-        "last_aggregated_round": aggregated[-1] if aggregated else None,
-        "exit_code": 0 if status == "completed" else EXIT_TRAINING_FAILED,
-    }
-    if stale:
-        summary["note"] = "final_model/ in this folder was written by an earlier run, not by this one"
-    atomic_write_json(summary, os.path.join(trainer.args.output_dir, RUN_STATUS_FILE))
-    return summary

@@ -1,0 +1,62 @@
+"""How a run ended: ``run_status.json``, and :class:`TrainingFailedError` for a run that did not train.
+
+A run did not train when no client was aggregated for ``max_consecutive_failed_rounds`` rounds in a row
+(:class:`~.client.FailurePolicy`), or in any round at all: its model is the last good one (the initial
+one when no round aggregated anything), so no ``final_model/`` is written; ``run_status.json`` and the last
+``history.json`` record say why, and ``hf-fedflat train`` exits with :data:`EXIT_TRAINING_FAILED`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..io import atomic_write_json
+
+#: what ``hf-fedflat train`` exits with when the run failed with :class:`TrainingFailedError`
+EXIT_TRAINING_FAILED = 3
+RUN_STATUS_FILE = "run_status.json"
+
+
+class TrainingFailedError(RuntimeError):
+    """The run did not train (see the module docstring). Raised on every process after ``history.json`` and
+    ``run_status.json`` are written; no ``final_model/`` is written.
+
+    Attributes:
+        reason: why, in one line (also ``run_status.json``'s ``reason`` and the last history record's
+            ``run_failure``).
+        output: the ``FederatedTrainOutput`` of the last good state (``final_model_dir`` None).
+        status: the contents of ``run_status.json`` (main process; ``{}`` on the others).
+    """
+
+    def __init__(self, reason: str, output, status: dict | None = None):
+        super().__init__(reason)
+        self.reason, self.output, self.status = reason, output, status or {}
+
+
+def untrained_reason(history: list[dict]) -> str | None:
+    """Why the run's model is not a trained one (no round aggregated any client), or None."""
+    if any(record.get("num_clients", 0) > 0 for record in history):
+        return None
+    return (f"No round aggregated any client ({len(history)} rounds run): the model is the initial one, not a "
+            "trained one, and final_model/ is not written. See failed_clients and round_failed in history.json.")
+
+
+def write_run_status(output_dir: str, history: list[dict], status: str, reason: str | None,
+                     final_dir: str | None) -> dict:
+    """``run_status.json``: whether the run completed and trained, and why not; returns what it wrote."""
+    aggregated = [r["round"] for r in history if r.get("num_clients", 0) > 0]
+    summary = {
+        "status": status,
+        "reason": reason,
+        "trained": bool(aggregated),
+        "final_model": final_dir,
+        "rounds_run": len(history),
+        "rounds_aggregated": len(aggregated),
+        "rounds_failed": len(history) - len(aggregated),
+        "last_aggregated_round": aggregated[-1] if aggregated else None,
+        "exit_code": 0 if status == "completed" else EXIT_TRAINING_FAILED,
+    }
+    if final_dir is None and os.path.isdir(os.path.join(output_dir, "final_model")):
+        summary["note"] = "final_model/ in this folder was written by an earlier run, not by this one"
+    atomic_write_json(summary, os.path.join(output_dir, RUN_STATUS_FILE))
+    return summary
