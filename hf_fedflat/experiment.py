@@ -31,10 +31,20 @@ __all__ = ["Experiment", "build_experiment", "build_model", "run_experiment"]
 logger = logging.getLogger(__name__)
 
 
-def build_model(model_args: ModelArguments, data: FederatedData):
-    """``create_model`` sized for ``data`` (classes, channels, resolution)."""
+def build_model(model_args: ModelArguments, data: FederatedData, processing_class=None):
+    """``create_model`` sized for ``data`` (classes, channels, resolution); with ``--model_name_or_path`` the
+    Auto class of the task, labels from ``data.label_names`` (:func:`hf_fedflat.models.auto.build_auto_model`)."""
     from .models import create_model
     from .models.text import TEXT_MODELS
+
+    if model_args.model_name_or_path:
+        from .models.auto import build_auto_model, resolve_task
+
+        task = resolve_task(model_args, getattr(data, "task", None))
+        names = getattr(data, "label_names", None)
+        return build_auto_model(model_args, task=task, label_names=names,
+                                num_labels=None if names or task == "causal-lm" else data.num_classes,
+                                processing_class=processing_class)
 
     if model_args.model_name in TEXT_MODELS:
         return create_model(model_args.model_name, num_classes=data.num_classes, vocab_size=data.num_classes,
@@ -57,6 +67,9 @@ def build_model(model_args: ModelArguments, data: FederatedData):
 def _base_model(model_args: ModelArguments, model) -> str | None:
     if model_args.base_model:
         return model_args.base_model
+    if model_args.model_name_or_path:  # a Hub id (not a local folder) is the base model
+        path = model_args.model_name_or_path
+        return None if os.path.exists(path) else path
     if model_args.pretrained and model_args.pretrained_path is None:
         cfg = getattr(getattr(model, "backbone", None), "pretrained_cfg", None) or {}
         return cfg.get("hf_hub_id")
@@ -104,23 +117,31 @@ def build_experiment(
                     data.partition.describe_scheme())
         args = args.with_algorithm(args.fed_algorithm, num_clients=data.partition.num_clients)
     set_seed(args.seed)
-    model = build_model(model_args, data)
+    task, processing_class = data.task, getattr(data, "processing_class", None)
+    if model_args.model_name_or_path:  # a transformers model: its task, and its tokenizer / image processor
+        from .models.auto import load_processing_class, resolve_task
+
+        task = resolve_task(model_args, data.task)
+        processing_class = processing_class or load_processing_class(model_args, task)
+    model = build_model(model_args, data, processing_class)
     lora_save = "merged"
     if lora_args is not None and lora_args.use_lora:
         from .models.lora import apply_lora
 
-        model = apply_lora(model, lora_args)
+        model = apply_lora(model, lora_args, task=task if model_args.model_name_or_path else None)
         lora_save = lora_args.lora_save
     card_kwargs = {"dataset_name": data.name, "dataset_id": data.hub_id, "base_model": _base_model(model_args, model),
-                   "task": data.task}
+                   "task": task}
     callbacks = list(callbacks or [])
     if getattr(args, "push_to_hub", False) and not any(isinstance(c, HubPushCallback) for c in callbacks):
         data_config = {"mean": data.mean, "std": data.std} if data.mean and data.std else None
         callbacks.append(HubPushCallback(card_kwargs=card_kwargs, data_config=data_config))
     from .decentralized import create_trainer  # a server loop, or gossip for a decentralized aggregator
 
+    extra = {k: v for k, v in (("processing_class", processing_class),
+                               ("data_collator", getattr(data, "data_collator", None))) if v is not None}
     trainer = create_trainer(model, args, data.train, data.eval, partition=data.partition,
-                             label_column=data.label_column, callbacks=callbacks, lora_save=lora_save)
+                             label_column=data.label_column, callbacks=callbacks, lora_save=lora_save, **extra)
     trainer.model_card_kwargs = card_kwargs
     return Experiment(trainer=trainer, data=data, model=model, args=args, data_args=data_args, model_args=model_args,
                       card_kwargs=card_kwargs)

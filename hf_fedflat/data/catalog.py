@@ -54,6 +54,13 @@ class FederatedData:
     task: str = "image-classification"
     #: a partition the dataset comes with (leave-one-domain-out, Shakespeare's roles); None: from the args
     partition: Any = None
+    #: class names in label-id order (a ClassLabel's names): the model's id2label; None: LABEL_<i> / no classes
+    label_names: list[str] | None = None
+    #: the tokenizer / image processor the data was preprocessed with (the Trainer's processing_class, saved
+    #: with the final model); None: loaded from --model_name_or_path (hf_fedflat.models.auto.load_processing_class)
+    processing_class: Any = None
+    #: the Trainer's data_collator (e.g. padding per batch); None: the Trainer's default
+    data_collator: Any = None
 
 
 DatasetLoader = Callable[[DataArguments, ModelArguments, int], FederatedData]

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .auto import TASKS, check_task
+
 __all__ = ["ModelArguments"]
 
 
@@ -18,7 +20,26 @@ class ModelArguments:
 
     model_name: str = field(
         default="small_cnn",
-        metadata={"help": "small_cnn, resnet18_gn, or any timm model name (e.g. vit_tiny_patch16_224)."},
+        metadata={"help": "small_cnn, resnet18_gn, or any timm model name (e.g. vit_tiny_patch16_224). Ignored when "
+                          "--model_name_or_path is given."},
+    )
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A transformers model: Hub id (e.g. distilbert-base-uncased) or local folder saved with "
+                          "save_pretrained. Loaded with the Auto class of --task; its tokenizer / image processor "
+                          "loads from the same path and is saved with the final model."},
+    )
+    task: str | None = field(
+        default=None,
+        metadata={"help": "Task of --model_name_or_path: image-classification, text-classification, "
+                          "token-classification or causal-lm (default: from the config's architectures, else the "
+                          "dataset's task).",
+                  "choices": list(TASKS)},
+    )
+    model_dtype: str = field(
+        default="float32",
+        metadata={"help": "Weight dtype of --model_name_or_path: float32, bfloat16, float16 or auto (the checkpoint's).",
+                  "choices": ["float32", "bfloat16", "float16", "auto"]},
     )
     image_size: int = field(default=16, metadata={"help": "Square input resolution the images are resized to."})
     pretrained: bool = field(default=False, metadata={"help": "Start from timm's published weights (needs the Hub)."})
@@ -38,6 +59,14 @@ class ModelArguments:
     def __post_init__(self):
         if not isinstance(self.image_size, int) or self.image_size < 1:
             raise ValueError(f"image_size: must be an integer >= 1, got {self.image_size!r}.")
+        check_task(self.task)
+        if self.task is not None and self.model_name_or_path is None:
+            raise ValueError("task: applies to --model_name_or_path (a transformers model); --model_name models "
+                             "know their task.")
+        if self.model_dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ValueError(f"model_dtype: must be one of float32, bfloat16, float16, auto; got {self.model_dtype!r}.")
+        if isinstance(self.model_name_or_path, str) and not self.model_name_or_path.strip():
+            raise ValueError("model_name_or_path: empty; give a Hub id or a local folder, or leave it unset.")
 
     @property
     def model_kwargs_dict(self) -> dict[str, Any]:

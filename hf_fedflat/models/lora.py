@@ -172,6 +172,11 @@ def classification_head_names(model: nn.Module) -> list[str]:
     from .small_cnn import SmallCNN
     from .text import CharLSTMModel, CharTransformerModel
 
+    from .auto import is_auto_model
+
+    if is_auto_model(model) and not hasattr(model, "timm_model"):
+        # transformers image classifiers (ViT, ConvNext, ...): the head is a top-level `classifier`
+        return [n for n in ("classifier", "score", "head") if isinstance(getattr(model, n, None), nn.Module)][:1]
     for prefix, module in model.named_modules():
         if isinstance(module, SmallCNN):
             return [_join(prefix, "fc2")]
@@ -239,16 +244,33 @@ def total_parameter_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def _transformers_targets(model: nn.Module) -> str | list[str]:
+    """peft's default LoRA targets for the model's ``model_type`` when some module has them, else ``all-linear``."""
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as targets_by_type
+
+    names = targets_by_type.get(getattr(getattr(model, "config", None), "model_type", None))
+    if names and any(n.rsplit(".", 1)[-1] in names for n, _ in model.named_modules()):
+        return list(names)
+    return "all-linear"
+
+
 # ------------------------------------------------------------------------------------------------
 # wrapping and saving
 # ------------------------------------------------------------------------------------------------
-def apply_lora(model: nn.Module, lora_args: LoraArguments) -> nn.Module:
+def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = None) -> nn.Module:
     """Wrap ``model`` with LoRA adapters so that only the adapters and the head are trainable.
 
     Args:
-        model: A model of :func:`hf_fedflat.models.create_model` (or any module peft can wrap).
+        model: A model of :func:`hf_fedflat.models.create_model`, a ``transformers`` model loaded by
+            ``--model_name_or_path`` (:mod:`hf_fedflat.models.auto`), or any module peft can wrap.
         lora_args: The options; with ``use_lora=False`` the model is returned unchanged, so callers
             can apply it unconditionally.
+        task: For a transformers model, its task (:data:`hf_fedflat.models.auto.TASKS`): it sets peft's
+            ``task_type`` (``SEQ_CLS``, ``TOKEN_CLS``, ``CAUSAL_LM``; peft then keeps the classifier
+            trainable itself, a causal LM trains adapters only); an image classifier keeps its head in
+            ``modules_to_save``. With the default ``lora_target_modules`` a transformers model gets peft's
+            targets for its ``model_type`` (``query``/``value`` for BERT, ``c_attn`` for GPT-2,
+            ``q_proj``/``v_proj`` for Llama), or ``all-linear`` when peft has none that match.
 
     Returns:
         A ``peft.PeftModel`` whose only parameters with ``requires_grad`` are the ``lora_A``/``lora_B``
@@ -267,8 +289,18 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments) -> nn.Module:
 
     if is_peft_model(model):
         raise ValueError("model: already wrapped by peft; apply_lora expects the plain model from create_model")
+    from .auto import PEFT_TASK_TYPES, check_task, is_auto_model
 
-    if lora_args.lora_modules_to_save is None:
+    check_task(task)
+    task_type = PEFT_TASK_TYPES.get(task) if task else None
+    target_modules = lora_args.target_modules()
+    if is_auto_model(model) and lora_args.lora_target_modules == DEFAULT_LORA_TARGET_MODULES:
+        target_modules = _transformers_targets(model)
+
+    if lora_args.lora_modules_to_save is None and task_type is not None:
+        # peft's SEQ_CLS / TOKEN_CLS add the classifier ("classifier"/"score") to modules_to_save itself.
+        modules_to_save = []
+    elif lora_args.lora_modules_to_save is None:
         modules_to_save = classification_head_names(model)
         if not modules_to_save:
             raise ValueError(
@@ -290,9 +322,10 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments) -> nn.Module:
         r=lora_args.lora_r,
         lora_alpha=lora_args.lora_alpha,
         lora_dropout=float(lora_args.lora_dropout),
-        target_modules=lora_args.target_modules(),
+        target_modules=target_modules,
         modules_to_save=modules_to_save or None,
         bias="none",
+        task_type=task_type,
     )
     if config.target_modules != "all-linear":
         targets = [n for n, _ in model.named_modules() if n and check_target_module_exists(config, n)]
