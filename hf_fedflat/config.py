@@ -47,7 +47,10 @@ BATCHNORM_BUFFERS = ("error", "average")
 DEFAULT_PARTICIPATION = 0.1
 #: Hyperparameters the run itself reads even when no active piece declares them, and their value then:
 #: ``rho`` is also the radius of the ``sharpness`` diagnostic, ``server_learning_rate`` is shown in the model card.
-RUN_DEFAULTS: dict[str, Any] = {"rho": 0.05, "server_learning_rate": 1.0}
+#: ``aggregation_weights`` and ``decentralized_participation`` are conventions a preset may set (its paper's choice;
+#: see the README's conventions table); unset and not set by the preset, they take these values.
+RUN_DEFAULTS: dict[str, Any] = {"rho": 0.05, "server_learning_rate": 1.0, "aggregation_weights": "samples",
+                                "decentralized_participation": "sampled"}
 #: the concept dataclasses composed into FedTrainingArguments; each validates its own fields
 CONCEPTS = (PartitionArguments, DiagnosticsArguments, ClientStateArguments)
 
@@ -126,10 +129,11 @@ class FedTrainingArguments(TrainingArguments):
     # (every registered piece's hyperparameters go here: include_fields(hyperparameter_fields))
 
     # --- decentralized (gossip) runs -------------------------------------------------------------------
-    decentralized_participation: str = field(
-        default="sampled",
-        metadata={"help": "Decentralized runs: 'sampled' (seed: only the round's sampled clients train, all gossip) "
-                          "or 'full' (every client trains every round)."},
+    decentralized_participation: str | None = field(
+        default=None,
+        metadata={"help": "Decentralized runs: 'sampled' (only the round's sampled clients train, all gossip) or "
+                          "'full' (every client trains every round, as in the seeds' decentralized comparisons). "
+                          "Unset: the preset's (dfedavg, dfedavgm, dpsgd, dfedsam, dfedgam: full), else 'sampled'."},
     )
 
     # --- federation --------------------------------------------------------------------------------
@@ -150,9 +154,10 @@ class FedTrainingArguments(TrainingArguments):
     lr_decay_per_round: float = field(
         default=1.0, metadata={"help": "Local lr in round t is learning_rate * lr_decay_per_round**t (papers: 0.998)."}
     )
-    aggregation_weights: str = field(
-        default="samples",
-        metadata={"help": "Aggregation weights p_i: 'samples' (n_i / sum n_j) or 'uniform' (1/m)."},
+    aggregation_weights: str | None = field(
+        default=None,
+        metadata={"help": "Aggregation weights p_i: 'samples' (n_i / sum n_j) or 'uniform' (1/m). Unset: the "
+                          "preset's paper's choice (the seeds': uniform), else 'samples'."},
     )
     # (the partition goes here: include_fields(PartitionArguments))
 

@@ -213,7 +213,9 @@ def test_momentum_mixes_the_last_global_update(tmp_path, tiny_model, tiny_data):
 
 
 def test_momentum_round_zero_leaves_the_gradient(tmp_path, tiny_model, tiny_data):
-    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="mofedsam", rho=0.0)
+    # (the mofedsam preset's own default is the paper's zero momentum, tests/test_paper_methods.py)
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="mofedsam", rho=0.0,
+                                               momentum_first_round="unchanged")
     broadcast = algorithm.broadcast(algorithm.init_server_state(w0))
     expected = descend(w0, 2, lambda w: grad_at(tiny_model, trainer, w, x, y))  # rho=0: SAM is the gradient
     run_client(trainer, algorithm, tiny_data, context(trainer, broadcast=broadcast), steps=2)
@@ -234,11 +236,14 @@ def three_updates(dim=6, steps=(2, 3, 5)):
 P = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
 
 
-def test_fedadam_two_rounds(tmp_path):
-    algorithm = server(tmp_path, fed_algorithm="fedadam", server_beta1=0.8, server_beta2=0.9, server_tau=0.05)
+@pytest.mark.parametrize("v_init, v0", [(None, 0.05**2), ("tau_squared", 0.05**2), ("zero", 0.0)])
+def test_fedadam_two_rounds(tmp_path, v_init, v0):
+    # v_{-1} = tau^2 by default (Reddi et al. Alg. 2); the FL-Simulator code's v = 0 as an option
+    algorithm = server(tmp_path, fed_algorithm="fedadam", server_beta1=0.8, server_beta2=0.9, server_tau=0.05,
+                       **({} if v_init is None else {"server_v_init": v_init}))
     w = torch.linspace(-1, 1, 6)
     state = algorithm.init_server_state(w)
-    m = v = torch.zeros(6)
+    m, v = torch.zeros(6), torch.full((6,), v0)
     expected = w.clone()
     for r in range(2):
         updates = three_updates()

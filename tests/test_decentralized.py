@@ -32,6 +32,7 @@ def settings(output_dir, **overrides):
         output_dir=str(output_dir), use_cpu=True, fed_algorithm="dfedavg", num_clients=6, clients_per_round=3,
         num_rounds=3, local_steps=2, per_device_train_batch_size=4, partition_scheme="iid", learning_rate=0.1,
         lr_decay_per_round=0.9, seed=7, topology="ring", disable_tqdm=True,
+        decentralized_participation="sampled",  # (the presets' default is the seeds' full participation)
     )
     values.update(overrides)
     return values
@@ -54,7 +55,7 @@ def local_models(trainer):
 def test_presets_compose_gossip_and_pick_the_decentralized_trainer(tmp_path, name):
     spec = get_preset(name)
     assert spec.aggregator == "gossip" and spec.corrections == ()
-    assert spec.perturbation == {"dfedsam": "sam", "dfedgam": "gam"}.get(name, "none")
+    assert spec.perturbation == {"dfedsam": "sam", "dfedgam": "gam_first_order"}.get(name, "none")  # DFedGAM eq. 7-8
     args = FedTrainingArguments(**settings(tmp_path, fed_algorithm=name, local_steps=None))
     assert trainer_class_for(args) is DecentralizedTrainer
     assert args.local_steps == (1 if name == "dpsgd" else None)
@@ -115,7 +116,9 @@ def test_dfedavgm_is_heavy_ball_momentum_reset_every_round(tmp_path):
 
 def test_dfedgam_local_step_equals_the_fedgam_formula(tmp_path):
     rho, alpha, lr = 0.3, 0.5, 0.1
-    trainer, model, x, y = client_setup(tmp_path, fed_algorithm="dfedgam", rho=rho, gam_alpha=alpha, local_steps=1)
+    # the FedGAM form stays available as the perturbation "gam" (the preset's own step: tests/test_paper_methods.py)
+    trainer, model, x, y = client_setup(tmp_path, fed_algorithm="dfedgam", perturbation="gam", rho=rho,
+                                        gam_alpha=alpha, local_steps=1)
     w = trainer.space.flatten()
     g = hand_grad(model, w, x, y, trainer.space)
     ascent = hand_grad(model, w + rho * g / (g.norm() + 1e-12), x, y, trainer.space)

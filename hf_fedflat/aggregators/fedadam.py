@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.base import Aggregator, Capabilities, ClientUpdate, StateDict, Tensor, weighted_delta
-from ..algorithms.hyperparameters import PieceConfig, check_number, fail, hyperparameter
+from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, fail, hyperparameter
 from ..algorithms.registry import register_aggregator
 from .mean import SERVER_LEARNING_RATE_HELP
 
@@ -23,8 +23,12 @@ class FedAdamConfig(PieceConfig):
     server_beta1: float = hyperparameter(0.9, "FedAdam: server first-moment decay b1 (0.9).")
     server_beta2: float = hyperparameter(0.99, "FedAdam: server second-moment decay b2 (0.99).")
     server_tau: float = hyperparameter(1e-2, "FedAdam: adaptivity tau in m/(sqrt(v)+tau) (1e-2).")
+    server_v_init: str = hyperparameter(
+        "tau_squared", "FedAdam: the second moment's start, 'tau_squared' (v_{-1} = tau^2, Reddi et al. Alg. 2: "
+        "v_{-1} >= tau^2) or 'zero' (v = 0, the FL-Simulator code).")
 
     def validate(self) -> None:
+        check_choice("server_v_init", self.server_v_init, ("tau_squared", "zero"))
         check_number("server_learning_rate", self.server_learning_rate, low=0.0, low_open=True)
         check_number("server_tau", self.server_tau, low=0.0)
         for name in ("server_beta1", "server_beta2"):
@@ -36,14 +40,18 @@ class FedAdamConfig(PieceConfig):
 @register_aggregator
 class FedAdamAggregator(Aggregator):
     """``Delta = sum p_i Delta_i``; ``m = b1 m + (1-b1) Delta``; ``v = b2 v + (1-b2) Delta^2``;
-    ``w += eta_g * m / (sqrt(v) + tau)``. No bias correction (as in the paper). State ``{"m", "v"}``."""
+    ``w += eta_g * m / (sqrt(v) + tau)``. No bias correction (as in the paper). State ``{"m", "v"}``; ``m`` starts
+    at 0 and ``v`` at ``tau^2`` (the paper's ``v_{-1} >= tau^2``) or, with ``server_v_init="zero"``, at 0."""
 
     name = "fedadam"
     config_class = FedAdamConfig
     capabilities = Capabilities(linear_in_weighted_delta=True)
 
     def init_state(self, params: Tensor) -> StateDict:
-        return {"m": torch.zeros_like(params), "v": torch.zeros_like(params)}
+        v = torch.zeros_like(params)
+        if self.config.server_v_init == "tau_squared":
+            v.fill_(self.config.server_tau ** 2)
+        return {"m": torch.zeros_like(params), "v": v}
 
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict

@@ -7,11 +7,17 @@ Harmonization", IEEE Signal Processing Letters 2024 (FedGH).
 from __future__ import annotations
 
 import dataclasses
+import zlib
+from dataclasses import dataclass
 
 import torch
 
 from ..algorithms.base import EPS, Aggregator, ClientUpdate, StateDict, Tensor
+from ..algorithms.hyperparameters import PieceConfig, check_choice, hyperparameter
 from ..algorithms.registry import register_aggregator_plugin
+
+PAIRWISE, SEQUENTIAL = "pairwise", "sequential"
+FEDGH_MODES = (PAIRWISE, SEQUENTIAL)
 
 
 #: columns per block of the Gram matrix (20 updates x 16,384 float32 columns: ~1.3 MB, cache-sized)
@@ -69,6 +75,28 @@ def harmonization_coefficients(vectors: list[Tensor]) -> tuple[Tensor | None, fl
     return coefficients, conflicts / max(pairs, 1)
 
 
+def sequential_coefficients(vectors: list[Tensor], seed: int = 0) -> tuple[Tensor | None, float]:
+    """FedGH's Algorithm 1 as ``(C, conflict ratio)``: for every client ``i``, the others ``j`` in a seeded random
+    order; ``g_i -= (g_i . g~_j / ||g~_j||^2) g~_j`` when the RUNNING ``g_i`` conflicts with ``g~_j``
+    (``g_i . g~_j < 0``), ``g~`` the originals. ``C`` is None when no pair of originals conflicts. The order is
+    drawn from ``torch.Generator().manual_seed(seed)``, one permutation per client in client order."""
+    gram, conflicts, pairs = gradient_conflicts(vectors)
+    if conflicts == 0:
+        return None, 0.0
+    m = len(vectors)
+    generator = torch.Generator().manual_seed(seed)
+    coefficients = torch.eye(m, dtype=torch.float64)
+    squared = gram.diagonal().clamp_min(EPS)
+    for i in range(m):
+        for j in torch.randperm(m, generator=generator).tolist():
+            if j == i:
+                continue
+            dot = coefficients[i] @ gram[:, j]  # g_i (as modified so far) . g~_j
+            if dot < 0:
+                coefficients[i, j] -= dot / squared[j]
+    return coefficients, conflicts / max(pairs, 1)
+
+
 def harmonize(vectors: list[Tensor]) -> tuple[list[Tensor], float]:
     """Project every conflicting pair onto each other's normal plane; returns ``(vectors, conflict ratio)``.
 
@@ -88,9 +116,27 @@ def harmonize(vectors: list[Tensor]) -> tuple[list[Tensor], float]:
     return list(harmonized), ratio
 
 
+@dataclass
+class FedGHConfig(PieceConfig):
+    fedgh_mode: str = hyperparameter(
+        PAIRWISE,
+        "FedGH: 'pairwise' (every conflicting pair i<j of original updates projected onto each other's normal "
+        "plane) or 'sequential' (the paper's Algorithm 1: per client, the others in a seeded random order, the "
+        "conflict tested on the running vector).")
+
+    def validate(self) -> None:
+        check_choice("fedgh_mode", self.fedgh_mode, FEDGH_MODES)
+
+
+def round_seed(seed: int, client_ids: list[int]) -> int:
+    """The seed of a round's visiting order in ``fedgh_mode="sequential"``: the run's seed and the round's clients."""
+    return zlib.crc32(repr((int(seed), [int(c) for c in client_ids])).encode())
+
+
 @register_aggregator_plugin
 class HarmonizedAggregator(Aggregator):
-    """Harmonize the clients' updates with :func:`harmonize`, then aggregate them with ``base``.
+    """Harmonize the clients' updates with :func:`harmonize` (or, with ``fedgh_mode="sequential"``,
+    :func:`sequential_coefficients`, seeded by :func:`round_seed`), then aggregate them with ``base``.
 
     When ``base`` reads the updates only through ``sum_i p_i Delta_i`` (``capabilities.linear_in_weighted_delta``: mean,
     FedAdam), the harmonized updates are never built: ``sum_i p_i Delta'_i = sum_k (C^T p)_k Delta_k``, so the
@@ -101,12 +147,15 @@ class HarmonizedAggregator(Aggregator):
     """
 
     plugin = "fedgh"
+    config_class = FedGHConfig
+    run_settings = ("seed",)
     #: harmonization works on pairs of updates
     min_clients_per_round = 2
 
-    def __init__(self, base: Aggregator):
-        super().__init__()  # no hyperparameters of its own
+    def __init__(self, base: Aggregator, config: FedGHConfig | None = None, seed: int = 0):
+        super().__init__(config)
         self.base = base
+        self.seed = seed
         self.name = f"{base.name}+{self.plugin}"
         self.last_conflict_ratio: float | None = None
 
@@ -117,11 +166,15 @@ class HarmonizedAggregator(Aggregator):
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
     ) -> tuple[Tensor, StateDict]:
         deltas = [u.delta for u in updates]
-        coefficients, self.last_conflict_ratio = harmonization_coefficients(deltas)
+        if self.config.fedgh_mode == SEQUENTIAL:
+            coefficients, self.last_conflict_ratio = sequential_coefficients(
+                deltas, round_seed(self.seed, [u.client_id for u in updates]))
+        else:
+            coefficients, self.last_conflict_ratio = harmonization_coefficients(deltas)
         if coefficients is None:
             return self.base.aggregate(params, updates, weights, state)
         if self.base.capabilities.linear_in_weighted_delta:
             return self.base.aggregate(params, updates, coefficients.T @ weights.to(torch.float64), state)
         harmonized = (coefficients.to(deltas[0].dtype) @ torch.stack(deltas)).unbind(0)
-        updates = [dataclasses.replace(u, delta=d) for u, d in zip(updates, harmonized)]
+        updates = [dataclasses.replace(u, delta=d, own_delta=u.client_delta) for u, d in zip(updates, harmonized)]
         return self.base.aggregate(params, updates, weights, state)

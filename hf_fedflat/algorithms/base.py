@@ -23,6 +23,8 @@ from .hyperparameters import PieceConfig
 Tensor = torch.Tensor
 StateDict = dict[str, Tensor]
 #: ``grad_at(offset)`` -> ``(loss, flat_grad)`` of the current minibatch at ``w + offset`` (``None``: at ``w``).
+#: The training step's ``grad_at`` also has ``grad_at.hessian_vector_product(vector)`` (see
+#: :func:`hessian_vector_product`) for perturbations that need second derivatives (DFedGAM's ``H g``).
 GradFn = Callable[[Tensor | None], tuple[Tensor, Tensor]]
 
 EPS = 1e-12
@@ -100,6 +102,14 @@ class ClientUpdate:
     buffers: Tensor | None = None
     #: wall time of the client's local round (balances later rounds across processes)
     train_seconds: float = 0.0
+    #: the client's own ``w_i - w^t`` when a server plug-in (FedGH) replaced ``delta`` by a harmonized one; None:
+    #: ``delta`` is the client's own. Server state that mirrors client state (FedDyn's ``H = sum_i h_i``) reads it.
+    own_delta: Tensor | None = None
+
+    @property
+    def client_delta(self) -> Tensor:
+        """The client's own ``w_i - w^t``, whatever plug-in ran in front of the server rule."""
+        return self.delta if self.own_delta is None else self.own_delta
 
 
 @dataclass
@@ -193,6 +203,21 @@ class SharpnessAware(ABC):
     @abstractmethod
     def drift_offset(self, workspace: Any, local_gradient: Tensor) -> Tensor | None:
         """This client's ``e_i`` at ``w^t`` given its full local gradient there (None: none this round)."""
+
+
+def hessian_vector_product(grad_at: GradFn, vector: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(loss, g, H v)`` of the current minibatch at ``w``, by double backward (one forward, the backward with
+    ``create_graph=True``, a second backward of ``g . v``); ``vector`` None: ``v = g`` (then ``H g``).
+
+    ``grad_at`` is the one the training step passes to :meth:`Perturbation.direction`; a stand-in without the
+    method (a test's closure) raises a ``TypeError`` naming what is missing. ``g`` and ``H v`` are flat, detached.
+    """
+    method = getattr(grad_at, "hessian_vector_product", None)
+    if method is None:
+        raise TypeError("This perturbation needs Hessian-vector products (double backward): the training step must "
+                        "be given a forward-only loss closure (training_step(..., forward=...)); a bare grad_at "
+                        "function has none. Use hvp_mode='finite_difference' to need only gradients.")
+    return method(vector)
 
 
 #: help text of ``rho``, the radius every SAM-type perturbation declares (each with its own default)

@@ -136,8 +136,9 @@ def resolve_parts(fed_algorithm: str, perturbation: str | None, corrections: str
 
 
 def build_piece(cls: type, args) -> Any:
-    """``cls(config, **run settings)`` with the config's fields read from ``args`` (None: the piece's default)."""
-    settings = {name: getattr(args, name) for name in cls.run_settings}
+    """``cls(config, **run settings)`` with the config's fields read from ``args`` (None: the piece's default); a run
+    setting ``args`` lacks (a test's namespace) takes the constructor's default."""
+    settings = {name: getattr(args, name) for name in cls.run_settings if hasattr(args, name)}
     return cls(cls.config_class.from_args(args), **settings)
 
 
@@ -155,7 +156,9 @@ def build_algorithm(args) -> FederatedAlgorithm:
     aggregator_base, plugins = split_plugins(aggregator)
     server_rule = build_piece(AGGREGATORS[aggregator_base], args)
     for plugin in plugins:  # "mean+fedgh": FedGH wraps the mean
-        server_rule = AGGREGATOR_PLUGINS[plugin](server_rule)
+        plugin_class = AGGREGATOR_PLUGINS[plugin]
+        settings = {name: getattr(args, name) for name in plugin_class.run_settings if hasattr(args, name)}
+        server_rule = plugin_class(server_rule, plugin_class.config_class.from_args(args), **settings)
     return FederatedAlgorithm(
         name=args.fed_algorithm,
         perturbation=build_piece(PERTURBATIONS[perturbation], args),

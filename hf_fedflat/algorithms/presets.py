@@ -9,6 +9,9 @@ FEDSAM = "Qu et al., Generalized Federated Learning via Sharpness Aware Minimiza
 FEDLESAM = ("Fan et al., Locally Estimated Global Perturbations are Better than Local Perturbations for Federated "
             "Sharpness-aware Minimization, ICML 2024")
 FEDGAM = "FedGAM / FedGAM-CV: gradient norm aware minimization in federated learning, 2024"
+#: the seeds (FedGAM/-CV Alg. 1-2, FedUp Alg. 1, FedLESAM's FL-Simulator code, FedGH) average uniformly, 1/|S_t|
+#: (the README's conventions table lists every preset's conventions)
+UNIFORM = {"aggregation_weights": "uniform"}
 
 for spec in (
     # --- baselines -----------------------------------------------------------------------------------------
@@ -26,7 +29,8 @@ for spec in (
                   "Wang et al., Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization, "
                   "NeurIPS 2020"),
     AlgorithmSpec("fedsam", "sam", (), "mean", "Local SAM steps, weighted average.", FEDSAM),
-    AlgorithmSpec("mofedsam", "sam", ("momentum",), "mean", "Local SAM steps mixed with the last global update.", FEDSAM),
+    AlgorithmSpec("mofedsam", "sam", ("momentum",), "mean", "Local SAM steps mixed with the last global update.", FEDSAM,
+                  defaults={"momentum_first_round": "zero_momentum"}),  # the paper's Delta^0 = 0
     AlgorithmSpec("fedgamma", "sam", ("scaffold",), "mean", "SAM local steps with SCAFFOLD control variates.",
                   "Dai et al., FedGAMMA: Federated Learning With Global Sharpness-Aware Minimization, TNNLS 2023"),
     AlgorithmSpec("fedsmoo", "smoo", ("feddyn",), "fedsmoo",
@@ -35,18 +39,22 @@ for spec in (
     # --- seeds -----------------------------------------------------------------------------------------------
     AlgorithmSpec("fedlesam", "lesam", (), "mean",
                   "SAM with the global perturbation estimated from the change of the global model; one pass per step.",
-                  FEDLESAM),
-    AlgorithmSpec("fedlesam_s", "lesam", ("scaffold",), "mean", "FedLESAM with SCAFFOLD control variates.", FEDLESAM),
-    AlgorithmSpec("fedlesam_d", "lesam", ("feddyn",), "feddyn", "FedLESAM with FedDyn regularisation.", FEDLESAM),
+                  FEDLESAM, defaults=UNIFORM),
+    AlgorithmSpec("fedlesam_s", "lesam", ("scaffold",), "mean", "FedLESAM with SCAFFOLD control variates.", FEDLESAM,
+                  defaults=UNIFORM),
+    AlgorithmSpec("fedlesam_d", "lesam", ("feddyn",), "feddyn", "FedLESAM with FedDyn regularisation.", FEDLESAM,
+                  defaults=UNIFORM),
     AlgorithmSpec("fedgam", "gam", (), "mean", "Gradient-norm-aware minimisation on the clients.", FEDGAM,
-                  defaults={"rho": 0.02}),
-    AlgorithmSpec("fedgam_cv", "gam", ("scaffold",), "mean", "FedGAM with SCAFFOLD control variates.", FEDGAM,
-                  defaults={"rho": 0.02}),
+                  defaults={"rho": 0.02, **UNIFORM}),
+    AlgorithmSpec("fedgam_cv", "gam", ("scaffold",), "mean",
+                  "FedGAM with control variates; the server averages dc_i over the sampled clients (eq. 22).", FEDGAM,
+                  defaults={"rho": 0.02, "scaffold_server_average": "sampled", **UNIFORM}),
     AlgorithmSpec("fedup", "none", ("fedup",), "mean",
                   "Clients minimise an upper bound of the global loss built from the last global update.",
-                  "FedUp: federated learning by minimising an upper bound of the global loss, 2024"),
+                  "FedUp: federated learning by minimising an upper bound of the global loss, 2024",
+                  defaults={"fedup_eta": "constant", **UNIFORM}),
     AlgorithmSpec("fedgh", "none", (), "mean+fedgh", "FedAvg with gradient harmonization of conflicting updates.",
                   "Zhang et al., Tackling the Non-IID Issue in Heterogeneous Federated Learning by Gradient "
-                  "Harmonization, IEEE SPL 2024"),
+                  "Harmonization, IEEE SPL 2024", defaults=UNIFORM),
 ):
     register_preset(spec)

@@ -23,8 +23,9 @@ PRESETS: dict[str, "AlgorithmSpec"] = {}
 #: aggregator plug-ins written as a suffix: ``"fedadam+fedgh"`` = FedGH harmonization in front of FedAdam
 AGGREGATOR_PLUGINS: dict[str, type] = {}
 PLUGIN_SEPARATOR = "+"
-#: kind -> registry, for :func:`piece_hyperparameters`
-TABLES = {"perturbation": PERTURBATIONS, "correction": CORRECTIONS, "aggregator": AGGREGATORS}
+#: kind -> registry, for :func:`piece_hyperparameters` (a plug-in's hyperparameters are flags like a piece's)
+TABLES = {"perturbation": PERTURBATIONS, "correction": CORRECTIONS, "aggregator": AGGREGATORS,
+          "plugin": AGGREGATOR_PLUGINS}
 
 T = TypeVar("T")
 
@@ -55,7 +56,7 @@ def _config_types(config_class: type) -> dict[str, Any]:
 
 
 def _registered_configs() -> list[tuple[str, type]]:
-    """``(piece name, config class)`` of every registered piece, perturbations, corrections, aggregators."""
+    """``(piece name, config class)`` of every registered piece, perturbations, corrections, aggregators, plug-ins."""
     return [(name, cls.config_class) for table in TABLES.values() for name, cls in table.items()]
 
 
@@ -158,7 +159,9 @@ def list_algorithms() -> list[str]:
 
 
 def register_aggregator_plugin(cls: type[T]) -> type[T]:
-    """Register a wrapper ``cls(base_aggregator)`` usable as the suffix ``+<cls.plugin>`` of any aggregator or preset."""
+    """Register a wrapper ``cls(base_aggregator, config)`` usable as the suffix ``+<cls.plugin>`` of any aggregator or
+    preset; its ``config_class`` fields are flags like a piece's."""
+    _check_consistent(cls, cls.config_class)
     AGGREGATOR_PLUGINS[cls.plugin] = cls
     return cls
 

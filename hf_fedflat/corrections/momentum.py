@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.base import ClientContext, Correction, RoundSummary, StateDict, Tensor, weighted_delta
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
+from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, hyperparameter
 from ..algorithms.registry import register_correction
 
 
@@ -19,9 +19,14 @@ from ..algorithms.registry import register_correction
 class MomentumConfig(PieceConfig):
     momentum_alpha: float = hyperparameter(
         0.1, "MoFedSAM: d <- a*d + (1-a)*m with m the last global update per local step; a (0.1).")
+    momentum_first_round: str = hyperparameter(
+        "unchanged",
+        "MoFedSAM, round 0 (no global update yet): 'unchanged' (d as it is) or 'zero_momentum' (m = 0, so "
+        "d <- a*d: FedCM / MoFedSAM's Delta^0 = 0; the mofedsam preset's default).")
 
     def validate(self) -> None:
         check_number("momentum_alpha", self.momentum_alpha, low=0.0, high=1.0)
+        check_choice("momentum_first_round", self.momentum_first_round, ("unchanged", "zero_momentum"))
 
 
 @register_correction
@@ -29,8 +34,9 @@ class MomentumCorrection(Correction):
     """``d <- a * d + (1 - a) * m`` with ``m = -(sum_i p_i Delta_i^{t-1}) / (K * eta_{t-1})``.
 
     ``m`` is the previous round's average update per local step, as a gradient; the server half computes
-    it (``K`` = weighted mean of the local steps) and broadcasts it. In round 0 there is no ``m`` yet and
-    the direction is left unchanged (FedCM's code would scale it by ``a`` instead). No client state.
+    it (``K`` = weighted mean of the local steps) and broadcasts it. In round 0 there is no ``m`` yet: the
+    direction is left unchanged (``momentum_first_round="unchanged"``), or ``m = 0`` and ``d <- a*d``
+    (``"zero_momentum"``: the papers' ``Delta^0 = 0``). No client state.
     """
 
     name = "momentum"
@@ -41,9 +47,9 @@ class MomentumCorrection(Correction):
         return state["m"] if bool(state["ready"].item()) else None
 
     def correct(self, D, W, m):
-        if m is None:  # round 0: no global update yet
-            return D
         a = self.config.momentum_alpha
+        if m is None:  # round 0: no global update yet
+            return a * D if self.config.momentum_first_round == "zero_momentum" else D
         return a * D + (1 - a) * m
 
     def init_server_state(self, params: Tensor) -> StateDict:

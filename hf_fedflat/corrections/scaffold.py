@@ -11,24 +11,34 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.base import ClientContext, Correction, LocalResult, RoundSummary, StateDict, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
+from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, hyperparameter
 from ..algorithms.registry import register_correction
+
+
+ALL_CLIENTS, SAMPLED = "all_clients", "sampled"
+SERVER_AVERAGES = (ALL_CLIENTS, SAMPLED)
 
 
 @dataclass
 class ScaffoldConfig(PieceConfig):
     scaffold_lambda: float = hyperparameter(
         1.0, "Scale of the SCAFFOLD correction lambda_c*(c - c_i) (1 in the paper).")
+    scaffold_server_average: str = hyperparameter(
+        ALL_CLIENTS,
+        "Server control variate c += (1/M) sum_{S_t} dc_i with M = N ('all_clients', SCAFFOLD) or M = |S_t| "
+        "('sampled', FedGAM-CV eq. 22 / Alg. 2; the fedgam_cv preset's default).")
 
     def validate(self) -> None:
         check_number("scaffold_lambda", self.scaffold_lambda)
+        check_choice("scaffold_server_average", self.scaffold_server_average, SERVER_AVERAGES)
 
 
 @register_correction
 class ScaffoldCorrection(Correction):
     """Client: ``d += lambda_c * (c - c_i)``. After the round (K steps, lr eta):
     ``c_i+ = c_i - c + (w^t - w_i) / (K * eta)``. Server: ``c += (1/N) * sum_{S_t} dc_i`` with N all clients
-    and ``dc_i = c_i+ - c_i``.
+    and ``dc_i = c_i+ - c_i``; with ``scaffold_server_average="sampled"`` (FedGAM-CV) ``1/|S_t|`` instead, ``|S_t|``
+    the clients whose updates the server received this round.
 
     With option II, ``dc_i = -c - Delta_i / (K_i * eta)`` is a function of the update ``Delta_i = w_i - w^t``
     the server receives anyway, its step count ``K_i`` and the round's ``eta``: the server computes
@@ -68,7 +78,7 @@ class ScaffoldCorrection(Correction):
             return server_state
         if summary.learning_rate <= 0:
             raise ValueError(f"SCAFFOLD's server update needs the round's learning rate, got {summary.learning_rate}")
-        n = summary.num_clients
+        n = summary.num_clients if self.config.scaffold_server_average == ALL_CLIENTS else len(summary.updates)
         c = torch.mul(server_state["c"], 1.0 - len(stepped) / n)
         for update in stepped:
             c.add_(update.delta, alpha=-1.0 / (n * update.num_steps * summary.learning_rate))

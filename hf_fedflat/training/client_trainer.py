@@ -140,11 +140,22 @@ class ClientTrainer(Trainer):
             self.space, self.algorithm, self.workspaces,
             lambda: Trainer.training_step(self, model, inputs, num_items_in_batch),
             bias_scale=self._bias_scale, in_place=self.keeps_step_buffers, scratch=self._scratch,
-            workspace_views=self._workspace_views,
+            workspace_views=self._workspace_views, forward=lambda: self._forward_loss(model, inputs, num_items_in_batch),
         )
         self.gradient_passes += result.gradient_passes
         self.in_place_steps += result.in_place
         return result.loss
+
+    def _forward_loss(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        """The micro-batch's loss with its graph and no backward, as ``Trainer.training_step`` computes it (for
+        the Hessian-vector products of a perturbation such as DFedGAM's)."""
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        if self.args.n_gpu > 1:
+            loss = loss.mean()
+        return loss
 
     #: workspace vectors whose views are kept (a piece splitting per-step temporaries must not grow it)
     MAX_WORKSPACE_VIEWS = 16

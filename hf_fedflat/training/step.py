@@ -21,6 +21,11 @@ Three paths, chosen from the pieces (never from the algorithm's name), with the 
 
 Terms of a correction that do not come from the minibatch gradient are multiplied by ``bias_scale()`` (loss
 scale / accumulation steps), asked only when there is a correction (it synchronises with the GPU).
+
+A perturbation that needs second derivatives (DFedGAM's ``H g``) calls ``grad_at.hessian_vector_product(v)``
+on the flat path: a forward pass through ``forward()`` (the loss with its graph, no backward), ``g`` by
+``torch.autograd.grad(..., create_graph=True)`` and ``H v`` by a second backward of ``g . v``. It counts as two
+passes. Any positive scale of that loss (accumulation steps, fp16 loss scale) scales ``g`` and ``H v`` alike.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ def training_step(
     in_place: bool = True,
     scratch: Scratch = _no_scratch,
     workspace_views: Callable[[Tensor], list[Tensor]] | None = None,
+    forward: Callable[[], Tensor] | None = None,
 ) -> StepResult:
     """Put this micro-batch's share of the step direction in ``p.grad``; see the module docstring.
 
@@ -76,6 +82,8 @@ def training_step(
         scratch: preallocated vectors reused between steps (``"earlier"``, ``"params"``, ``"shifted"``).
         workspace_views: per-parameter views of a vector fixed for the client's round (cached by the caller);
             default ``space.split``.
+        forward: the micro-batch's loss at the parameters' current values with its graph, no backward (for
+            Hessian-vector products; None: a perturbation asking for one raises).
     """
     if takes_plain_step(algorithm, workspaces):
         return StepResult(backward(), 1)
@@ -84,7 +92,7 @@ def training_step(
         offset = perturbation.offset(workspaces[perturbation.name])
         return _in_place_step(space, algorithm, workspaces, backward, offset, bias_scale, scratch,
                               workspace_views or space.split)
-    return _flat_step(space, algorithm, workspaces, backward, bias_scale, scratch)
+    return _flat_step(space, algorithm, workspaces, backward, bias_scale, scratch, forward)
 
 
 def takes_plain_step(algorithm: FederatedAlgorithm, workspaces: dict[str, Any]) -> bool:
@@ -112,7 +120,7 @@ def _in_place_step(space, algorithm, workspaces, backward, offset, bias_scale, s
     return StepResult(loss, 1, in_place=True)
 
 
-def _flat_step(space, algorithm, workspaces, backward, bias_scale, scratch) -> StepResult:
+def _flat_step(space, algorithm, workspaces, backward, bias_scale, scratch, forward=None) -> StepResult:
     # gradients of earlier micro-batches of this step, set aside while the passes run
     earlier_buffer = scratch("earlier")
     earlier = space.grad(out=earlier_buffer and earlier_buffer[0]) if space.has_grad() else None
@@ -139,6 +147,28 @@ def _flat_step(space, algorithm, workspaces, backward, bias_scale, scratch) -> S
         # accumulate into a preallocated flat buffer instead was measured slower on a CPU: autograd then
         # adds each new gradient into the buffer (an extra pass) instead of keeping the tensor it made.
         return loss, space.grad()
+
+    def hessian_vector_product(vector: Tensor | None = None):
+        nonlocal passes
+        if forward is None:
+            raise TypeError("A Hessian-vector product needs training_step(..., forward=<the loss with its graph>); "
+                            "none was given. Use hvp_mode='finite_difference' to need only gradients.")
+        passes += 2
+        params = space.params
+        with torch.enable_grad():
+            loss = forward()
+            grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+            gradient = torch.cat([g.detach().reshape(-1) for g in grads])
+            v = gradient if vector is None else vector
+            dot = sum((g * part).sum() for g, part in zip(grads, space.split(v)) if g.requires_grad)
+            if not isinstance(dot, torch.Tensor) or not dot.requires_grad:  # piecewise linear model: H = 0
+                return loss.detach(), gradient, torch.zeros_like(gradient)
+            products = torch.autograd.grad(dot, params, allow_unused=True)
+        hv = torch.cat([(torch.zeros_like(p) if h is None else h).reshape(-1) for p, h in zip(params, products)])
+        return loss.detach(), gradient, hv
+
+    grad_at.hessian_vector_product = hessian_vector_product
 
     scale = bias_scale() if algorithm.corrections else 1.0
     perturbation = algorithm.perturbation
