@@ -1,14 +1,57 @@
-"""Atomic file writes: a kill mid-write leaves the previous file intact."""
+"""Atomic file writes that never follow a symbolic link.
+
+Every file a run writes into its ``output_dir`` goes through here: a temporary file in the same folder,
+renamed over the target, so a kill mid-write leaves the previous file intact. A symbolic link at the
+target, or a symlinked folder between the run's folder (``root``) and the target, is refused with an
+:class:`UnsafeWritePathError` naming the path: a link planted in ``output_dir`` (``partition.json ->
+/etc/...``, ``final_model -> /elsewhere``) must not make the run write outside it. (``os.replace`` itself
+swaps a link at the destination rather than following it; a symlinked parent folder it would follow.)
+``output_dir`` itself, and the folders above it, may be links: the check starts below ``root``.
+
+Whole folders (``final_model/``) are written by :func:`atomic_write_dir`: into a fresh temporary folder
+beside the target, closed with a completion marker (:data:`COMPLETE_MARKER`: every file's size and
+SHA-256), then renamed into place; a kill or a full disk while saving leaves no folder that looks complete.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
-import torch
-from safetensors.torch import save_file
+__all__ = [
+    "COMPLETE_MARKER",
+    "IncompleteSaveError",
+    "RecordLog",
+    "UnsafeWritePathError",
+    "atomic_save_safetensors",
+    "atomic_savefig",
+    "atomic_write_dir",
+    "atomic_write_json",
+    "atomic_write_text",
+    "check_write_path",
+    "fsync_dir",
+    "refuse_symlinks_in",
+    "verify_complete_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+#: the completion marker :func:`atomic_write_dir` writes last into a folder (not uploaded to the Hub)
+COMPLETE_MARKER = "hf_fedflat_complete.json"
+
+
+class UnsafeWritePathError(ValueError):
+    """A write would go through a symbolic link (the target itself, or a folder below the run's folder)."""
+
+
+class IncompleteSaveError(ValueError):
+    """A folder written by :func:`atomic_write_dir` lacks its completion marker or does not match it."""
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -24,14 +67,77 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: str | os.PathLike, write, durable: bool = True) -> None:
-    """Write to a temporary file in the same folder and rename it over ``path``.
+def _link_error(path: Path, what: str) -> UnsafeWritePathError:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return UnsafeWritePathError(
+        f"{path}: {what} is a symbolic link (to {target}); hf_fedflat does not write through symbolic links in "
+        "the run's folder (output_dir), so that a planted link cannot make it overwrite a file elsewhere. Remove "
+        "the link (or choose another output_dir) and run again."
+    )
+
+
+def check_write_path(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """Refuse ``path`` when it is a symbolic link, or when a folder between ``root`` and it is one.
+
+    Args:
+        path: the file (or folder) about to be written.
+        root: the run's folder (``output_dir``); folders from below it down to ``path``'s parent are checked.
+            ``None`` (or a ``path`` outside ``root``): only ``path`` itself is checked.
+
+    Returns:
+        ``path`` as an absolute ``Path`` (not resolved: links above ``root`` are the user's choice).
+
+    Raises:
+        UnsafeWritePathError: naming the link.
+    """
+    path = Path(os.path.abspath(path))
+    if path.is_symlink():
+        raise _link_error(path, "the file to write")
+    if root is not None:
+        root = Path(os.path.abspath(root))
+        try:
+            relative = path.parent.relative_to(root)
+        except ValueError:
+            return path
+        current = root
+        for part in relative.parts:
+            current = current / part
+            if current.is_symlink():
+                raise _link_error(current, f"a folder on the way to {path.name}")
+    return path
+
+
+def refuse_symlinks_in(root: str | os.PathLike, names: tuple[str, ...] | list[str]) -> None:
+    """Refuse a symbolic link at ``root/<name>`` or anywhere inside those of the names that are folders.
+
+    The run's own entries of ``output_dir`` (``history.json``, ``final_model/``, ``checkpoints/``, ...) are checked
+    before the run writes anything (the folder's other contents are the user's). Raises
+    :class:`UnsafeWritePathError` naming the first link found.
+    """
+    root = Path(os.path.abspath(root))
+    for name in names:
+        entry = Path(name) if os.path.isabs(name) else root / name
+        check_write_path(entry, root)
+        if entry.is_dir():
+            for dirpath, dirnames, filenames in os.walk(entry):  # os.walk does not descend into linked folders
+                for child in (*dirnames, *filenames):
+                    if os.path.islink(os.path.join(dirpath, child)):
+                        raise _link_error(Path(dirpath) / child, "an entry of the run's folder")
+
+
+def _atomic_write(path: str | os.PathLike, write: Callable[[str], Any], durable: bool = True,
+                  root: str | os.PathLike | None = None) -> None:
+    """Write to a temporary file in the same folder and rename it over ``path`` (see :func:`check_write_path`).
 
     ``durable``: also fsync the file and the folder, so the new contents survive a power loss; without
     it the rename still makes a killed process leave either the old or the new file, never a mix.
     """
-    path = Path(path)
+    path = check_write_path(path, root)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp opens with O_CREAT | O_EXCL: it never opens an existing file or follows a link
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -41,25 +147,158 @@ def _atomic_write(path: str | os.PathLike, write, durable: bool = True) -> None:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
     if durable:
         fsync_dir(path.parent)
 
 
-def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata=None) -> None:
-    _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+def atomic_save_safetensors(tensors: dict, path: str | os.PathLike, metadata=None, *,
+                            root: str | os.PathLike | None = None) -> None:
+    from safetensors.torch import save_file
+
+    _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), root=root)
 
 
-def atomic_write_json(obj, path: str | os.PathLike) -> None:
+def atomic_write_json(obj, path: str | os.PathLike, *, root: str | os.PathLike | None = None, indent: int | None = 2,
+                      durable: bool = True) -> None:
     def write(tmp):
         with open(tmp, "w") as handle:
-            json.dump(obj, handle, indent=2, default=str)
+            json.dump(obj, handle, indent=indent, default=str)
 
-    _atomic_write(path, write)
+    _atomic_write(path, write, durable, root=root)
 
 
+def atomic_write_text(text: str, path: str | os.PathLike, *, root: str | os.PathLike | None = None,
+                      durable: bool = True, newline: str | None = None) -> None:
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8", newline=newline) as handle:
+            handle.write(text)
+
+    _atomic_write(path, write, durable, root=root)
+
+
+def atomic_savefig(fig, path: str | os.PathLike, *, root: str | os.PathLike | None = None, **savefig_kwargs) -> Path:
+    """``fig.savefig`` through a temporary file (the format is given, as the temporary name has no ``.png``)."""
+    savefig_kwargs.setdefault("format", "png")
+    _atomic_write(path, lambda tmp: fig.savefig(tmp, **savefig_kwargs), durable=False, root=root)
+    return Path(path)
+
+
+# -------------------------------------------------------------------------------------------------
+# whole folders
+# -------------------------------------------------------------------------------------------------
+def _sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    files = {}
+    for dirpath, _, filenames in os.walk(folder):
+        for name in sorted(filenames):
+            full = Path(dirpath) / name
+            if full.is_symlink():
+                raise _link_error(full, "a file of the folder being saved")
+            relative = full.relative_to(folder).as_posix()
+            if relative != COMPLETE_MARKER:
+                files[relative] = {"size": full.stat().st_size, "sha256": _sha256(full)}
+    return dict(sorted(files.items()))
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *,
+                     root: str | os.PathLike | None = None, durable: bool = True) -> Path:
+    """Write a whole folder: ``fill(tmp)`` writes the files into a fresh temporary folder beside ``directory``;
+    then :data:`COMPLETE_MARKER` (size and SHA-256 of every file) is written last, and the folder is renamed
+    into place. An existing ``directory`` is moved aside first and deleted after.
+
+    A failure or a kill inside ``fill`` (a full disk, an exception) leaves ``directory`` as it was and no
+    folder that looks complete (the temporary ``.<name>.tmp-*`` folder of a killed save is removed by the
+    next save). ``directory`` and the folders below ``root`` must not be symbolic links
+    (:func:`check_write_path`).
+
+    Returns:
+        ``directory`` as an absolute ``Path``.
+    """
+    directory = check_write_path(directory, root)
+    parent = directory.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in (*parent.glob(f".{directory.name}.tmp-*"), *parent.glob(f".{directory.name}.old-*")):
+        _remove_tree(stale)  # left by a killed save
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=parent))
+    try:
+        fill(os.fspath(tmp))
+        manifest = {"complete": True, "written_by": "hf_fedflat", "files": _manifest(tmp)}
+        with open(tmp / COMPLETE_MARKER, "x") as handle:
+            json.dump(manifest, handle, indent=2)
+        if durable:
+            for dirpath, _, filenames in os.walk(tmp):
+                for name in filenames:
+                    with open(os.path.join(dirpath, name), "rb") as handle:
+                        os.fsync(handle.fileno())
+                fsync_dir(dirpath)
+        check_write_path(directory, root)  # (again: the save may have taken long)
+        old = None
+        if os.path.lexists(directory):
+            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-", dir=parent))
+            os.replace(directory, old / directory.name)
+        try:
+            os.replace(tmp, directory)
+        except BaseException:
+            if old is not None:  # put the previous folder back
+                os.replace(old / directory.name, directory)
+            raise
+    except BaseException:
+        _remove_tree(tmp)
+        raise
+    if durable:
+        fsync_dir(parent)
+    if old is not None:
+        _remove_tree(old)
+    return directory
+
+
+def verify_complete_dir(directory: str | os.PathLike) -> dict[str, Any]:
+    """Check a folder written by :func:`atomic_write_dir` against its marker; returns the marker.
+
+    Raises:
+        IncompleteSaveError: naming the missing marker, or the first missing/changed file.
+    """
+    directory = Path(directory)
+    marker = directory / COMPLETE_MARKER
+    if not marker.is_file():
+        raise IncompleteSaveError(
+            f"{marker}: missing; {directory} was not completely written by hf_fedflat (an interrupted save, or a "
+            "folder from elsewhere). Save the model again (trainer.save_model) before using it."
+        )
+    try:
+        manifest = json.loads(marker.read_text())
+        files = dict(manifest["files"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise IncompleteSaveError(f"{marker}: unreadable completion marker ({error}).") from error
+    for name, entry in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise IncompleteSaveError(f"{path}: listed in {COMPLETE_MARKER} but missing.")
+        if path.stat().st_size != entry.get("size") or _sha256(path) != entry.get("sha256"):
+            raise IncompleteSaveError(f"{path}: size or SHA-256 differs from {COMPLETE_MARKER} (changed or truncated).")
+    return manifest
+
+
+# -------------------------------------------------------------------------------------------------
+# history.json
+# -------------------------------------------------------------------------------------------------
 class RecordLog:
     """A per-round log: a JSON list with one record per line, rewritten atomically, each record encoded once.
 
@@ -70,8 +309,9 @@ class RecordLog:
     final once appended: a change to an earlier one is not seen) and rewrites the file from the encoded lines.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, root: str | os.PathLike | None = None):
         self.path = path
+        self.root = root
         self._source: list | None = None
         self._lines: list[str] = []
 
@@ -79,16 +319,12 @@ class RecordLog:
         if records is not self._source or len(records) < len(self._lines):  # a new list (a resume): start over
             self._source, self._lines = records, []
         self._lines.extend(_encode_record(r) for r in records[len(self._lines):])
-        _write_lines(self._lines, self.path, durable)
+        _write_lines(self._lines, self.path, durable, self.root)
 
 
 def _encode_record(record) -> str:
     return json.dumps(record, default=str)
 
 
-def _write_lines(lines: list[str], path: str | os.PathLike, durable: bool) -> None:
-    def write(tmp):
-        with open(tmp, "w") as handle:
-            handle.write("[\n" + ",\n".join(lines) + "\n]\n")
-
-    _atomic_write(path, write, durable)
+def _write_lines(lines: list[str], path: str | os.PathLike, durable: bool, root=None) -> None:
+    atomic_write_text("[\n" + ",\n".join(lines) + "\n]\n", path, durable=durable, root=root)

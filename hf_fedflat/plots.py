@@ -83,10 +83,9 @@ def _new_figure(width: float, height: float, dpi: int):
 
 
 def _save(fig, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    from .io import atomic_savefig  # (a symbolic link at path is refused, not written through)
+
+    return atomic_savefig(fig, Path(path))
 
 
 def history_figure(history: HistoryLike, *, title: str | None = None, dpi: int = 110):

@@ -183,11 +183,13 @@ class ClientPartition:
             num_rows=d.get("num_rows"),
         )
 
-    def save_json(self, path: str | Path) -> Path:
-        """Write :meth:`to_dict` as JSON to ``path``; returns the path."""
+    def save_json(self, path: str | Path, *, root: str | Path | None = None) -> Path:
+        """Write :meth:`to_dict` as JSON to ``path`` (atomically; never through a symbolic link, see
+        :func:`hf_fedflat.io.check_write_path` for ``root``); returns the path."""
+        from ..io import atomic_write_text
+
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict()))
+        atomic_write_text(json.dumps(self.to_dict()), path, root=root, durable=False)
         return path
 
     @classmethod
@@ -511,6 +513,7 @@ def plot_partition_heatmap(
     *,
     annotate: bool | None = None,
     dpi: int = 120,
+    root: str | Path | None = None,
 ) -> Path:
     """Save a heatmap of ``partition.label_counts`` (classes x clients) as a PNG.
 
@@ -528,6 +531,8 @@ def plot_partition_heatmap(
         annotate: write the count in each cell; by default only when there are at most
             50 clients and 30 classes (beyond that the numbers are unreadable).
         dpi: resolution.
+        root: the run's folder: written atomically, never through a symbolic link at ``path`` or in a folder
+            below ``root`` (:func:`hf_fedflat.io.check_write_path`).
 
     Returns:
         The path written, as a ``Path``.
@@ -577,7 +582,6 @@ def plot_partition_heatmap(
         title if title is not None
         else f"{partition.describe_scheme()}: {num_clients} clients, seed {partition.seed}"
     )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    from ..io import atomic_savefig
+
+    return atomic_savefig(fig, Path(path), root=root)

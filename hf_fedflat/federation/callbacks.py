@@ -10,21 +10,48 @@ from transformers.integrations import get_reporting_integration_callbacks
 
 from ..callbacks import FederatedCallback
 
-__all__ = ["FederatedCallback", "PartitionFilesCallback", "RoundReporter"]
+__all__ = ["RUN_ENTRIES", "FederatedCallback", "PartitionFilesCallback", "RoundReporter"]
+
+#: what a run writes into its output_dir (files and folders); none of them may be a symbolic link
+RUN_ENTRIES = ("partition.json", "partition_heatmap.png", "data_validation.json", "history.json", "run_status.json",
+               "final_model", "checkpoints", "client_states", "smoke_data")
+
+
+def run_entries(args) -> list[str]:
+    """:data:`RUN_ENTRIES`, and ``client_state_dir`` when it is set inside ``output_dir``."""
+    entries = list(RUN_ENTRIES)
+    state_dir = getattr(args, "client_state_dir", None)
+    if state_dir:
+        relative = os.path.relpath(os.path.abspath(state_dir), os.path.abspath(args.output_dir))
+        if relative != os.curdir and not relative.startswith(os.pardir):
+            entries.append(relative)
+    return entries
 
 
 class PartitionFilesCallback(FederatedCallback):
     """Writes ``partition.json`` (per-client indices and label counts) and ``partition_heatmap.png`` into
-    ``output_dir`` when the run starts (every trainer adds it)."""
+    ``output_dir`` when the run starts (every trainer adds it), and ``data_validation.json`` (what the input
+    check found and dropped, :mod:`hf_fedflat.data.validation`).
+
+    Before writing anything it refuses a symbolic link among the run's own entries of ``output_dir``
+    (:data:`RUN_ENTRIES`, the client-state folder, and anything inside them): a link planted there would make
+    a later write (a checkpoint, ``final_model/``) land outside the run's folder.
+    """
 
     def on_train_begin(self, trainer, **kwargs: Any) -> None:
         from ..data import plot_partition_heatmap
+        from ..io import atomic_write_json, refuse_symlinks_in
 
         args, partition = trainer.args, trainer.partition
+        refuse_symlinks_in(args.output_dir, run_entries(args))
         os.makedirs(args.output_dir, exist_ok=True)
-        partition.save_json(os.path.join(args.output_dir, "partition.json"))
+        partition.save_json(os.path.join(args.output_dir, "partition.json"), root=args.output_dir)
         plot_partition_heatmap(partition, os.path.join(args.output_dir, "partition_heatmap.png"),
-                               title=f"{partition.describe_scheme()}, {args.num_clients} clients")
+                               title=f"{partition.describe_scheme()}, {args.num_clients} clients", root=args.output_dir)
+        report = getattr(trainer, "input_report", None)
+        if report is not None:
+            atomic_write_json(report.to_dict(), os.path.join(args.output_dir, "data_validation.json"),
+                              root=args.output_dir)
 
 
 class RoundReporter:

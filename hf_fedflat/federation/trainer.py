@@ -217,9 +217,20 @@ class FederatedTrainer:
 
     # ---------------------------------------------------------------------------------------------
     def save_model(self, directory: str) -> str:
-        """Save the current model: ``save_pretrained`` when the model has it, else safetensors; and
-        ``federated_config.json`` (algorithm, clients, rounds, partition, the strategy's settings)."""
-        os.makedirs(directory, exist_ok=True)
+        """Save the current model: ``save_pretrained`` when the model has it, else safetensors; the
+        ``processing_class`` (tokenizer/processor) when it has ``save_pretrained``; and ``federated_config.json``
+        (algorithm, clients, rounds, partition, the strategy's settings, rows dropped as invalid).
+
+        The folder is written whole or not at all (:func:`hf_fedflat.io.atomic_write_dir`): into a temporary
+        folder beside ``directory``, closed by ``hf_fedflat_complete.json`` (every file's size and SHA-256), then
+        renamed into place (a previous ``directory`` is replaced). A symbolic link at ``directory`` or between
+        ``output_dir`` and it is refused."""
+        from ..io import atomic_write_dir
+
+        atomic_write_dir(directory, self._write_model_files, root=self.args.output_dir)
+        return directory
+
+    def _write_model_files(self, directory: str) -> None:
         from ..models.lora import is_peft_model, save_federated_model
 
         if is_peft_model(self.model):
@@ -229,12 +240,17 @@ class FederatedTrainer:
         else:
             atomic_save_safetensors({k: v.contiguous() for k, v in self.model.state_dict().items()},
                                     os.path.join(directory, "model.safetensors"))
+        from ..models.artifacts import complete_model_folder  # tokenizer/processor saved; timm layout for timm models
+
+        complete_model_folder(directory, processing_class=getattr(self.client_trainer, "processing_class", None),
+                              data_config=getattr(self, "data_config", None))
+        dropped = getattr(getattr(self, "input_report", None), "dropped", None)
         atomic_write_json(
             {"algorithm": self.algorithm.describe(), "num_clients": self.args.num_clients,
              "clients_per_round": self.args.num_clients_per_round, "num_rounds": self.args.num_rounds,
              "partition": {"scheme": self.partition.scheme, "description": self.partition.describe_scheme(),
                            "alpha": self.partition.alpha, "seed": self.partition.seed},
+             **({"dropped_invalid_rows": dropped} if dropped else {}),
              **self.strategy.describe()},
             os.path.join(directory, "federated_config.json"),
         )
-        return directory

@@ -40,7 +40,6 @@ unless ``hub_always_push``. The token (``hub_token``, else the cached login) is 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -53,6 +52,8 @@ from typing import Any, Mapping
 from huggingface_hub import HfApi
 
 from ..callbacks import FederatedCallback
+from ..models.artifacts import timm_architecture, write_timm_layout
+from ..io import COMPLETE_MARKER, verify_complete_dir
 from .card import (
     FEDFLAT_SUBFOLDER,
     card_inputs_from_trainer,
@@ -120,28 +121,6 @@ def planned_pushes(strategy: str, round_number: int, save_every_n_rounds: int) -
     return ["model"]
 
 
-def timm_architecture(model_dir: str | os.PathLike) -> str | None:
-    """The timm model name behind an hf_fedflat model folder, when timm can rebuild it alone.
-
-    ``None`` for folders that are not ``FedFlatImageClassifier`` saves, and for the architectures
-    hf_fedflat builds itself (``small_cnn``, ``resnet18_gn``).
-    """
-    config = Path(model_dir) / "config.json"
-    if not config.is_file():
-        return None
-    data = json.loads(config.read_text())
-    if data.get("model_type") != "hf_fedflat_classifier":
-        return None
-    import timm
-
-    from ..models.backbones import CUSTOM_MODELS
-
-    name = data.get("architecture")
-    if not name or name in CUSTOM_MODELS or not timm.is_model(name):
-        return None
-    return name
-
-
 def _link_or_copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
     """Hard-link files (no extra disk, and they survive checkpoint rotation), copying across devices."""
 
@@ -179,23 +158,11 @@ def export_for_hub(
     for png in model_dir.glob("*.png"):
         shutil.copyfile(png, export_dir / png.name)
     if timm_architecture(model_dir) is None:
-        _link_or_copy_tree(model_dir, export_dir, skip=("README.md", "*.png"))
+        _link_or_copy_tree(model_dir, export_dir, skip=("README.md", "*.png", COMPLETE_MARKER))
         return detect_layout(export_dir)
 
-    from timm.models import save_for_hf
-
-    from ..models import load_model
-
-    model = load_model(model_dir)
-    save_for_hf(model.backbone, os.fspath(export_dir), safe_serialization=True,
-                data_config=dict(data_config) if data_config else None)
-    config_path = export_dir / "config.json"
-    config = json.loads(config_path.read_text())
-    # transformers' TimmWrapper passes num_classes itself and fails on a second one in model_args;
-    # timm takes the head size from the root `num_classes`.
-    config.get("model_args", {}).pop("num_classes", None)
-    config_path.write_text(json.dumps(config, indent=2))
-    _link_or_copy_tree(model_dir, export_dir / FEDFLAT_SUBFOLDER, skip=("README.md", "*.png"))
+    write_timm_layout(model_dir, export_dir, data_config=data_config)
+    _link_or_copy_tree(model_dir, export_dir / FEDFLAT_SUBFOLDER, skip=("README.md", "*.png", COMPLETE_MARKER))
     return "timm"
 
 
@@ -229,10 +196,17 @@ def push_final_model(
 
     Raises:
         FileNotFoundError: When ``final_model_dir`` does not exist.
+        hf_fedflat.io.IncompleteSaveError: When a file of ``final_model_dir`` differs from its completion marker
+            (``hf_fedflat_complete.json``, written by ``save_model``): a truncated or changed model is not uploaded.
     """
     final_model_dir = Path(final_model_dir)
     if not final_model_dir.is_dir():
         raise FileNotFoundError(f"final_model_dir: {final_model_dir} does not exist; train (or save_model) first.")
+    if (final_model_dir / COMPLETE_MARKER).is_file():
+        verify_complete_dir(final_model_dir)
+    else:
+        logger.warning("%s has no %s (not saved by FederatedTrainer.save_model, or an older version): its files are "
+                       "uploaded unchecked.", final_model_dir, COMPLETE_MARKER)
     api = api or HfApi()
     token = getattr(args, "hub_token", None)
     repo_url = api.create_repo(repo_id=repo_id or hub_repo_name(args), private=getattr(args, "hub_private_repo", None),
