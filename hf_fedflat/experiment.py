@@ -34,9 +34,6 @@ logger = logging.getLogger(__name__)
 def build_model(model_args: ModelArguments, data: FederatedData, processing_class=None):
     """``create_model`` sized for ``data`` (classes, channels, resolution); with ``--model_name_or_path`` the
     Auto class of the task, labels from ``data.label_names`` (:func:`hf_fedflat.models.auto.build_auto_model`)."""
-    from .models import create_model
-    from .models.text import TEXT_MODELS
-
     if model_args.model_name_or_path:
         from .models.auto import build_auto_model, resolve_task
 
@@ -45,6 +42,19 @@ def build_model(model_args: ModelArguments, data: FederatedData, processing_clas
         return build_auto_model(model_args, task=task, label_names=names,
                                 num_labels=None if names or task == "causal-lm" else data.num_classes,
                                 processing_class=processing_class)
+
+    model = _create_named_model(model_args, data)
+    names = getattr(data, "label_names", None)
+    config = getattr(model, "config", None)
+    if names and config is not None and len(names) == config.num_labels:  # real class names in config.json
+        config.id2label = dict(enumerate(str(n) for n in names))
+        config.label2id = {str(n): i for i, n in enumerate(names)}
+    return model
+
+
+def _create_named_model(model_args: ModelArguments, data: FederatedData):
+    from .models import create_model
+    from .models.text import TEXT_MODELS
 
     if model_args.model_name in TEXT_MODELS:
         return create_model(model_args.model_name, num_classes=data.num_classes, vocab_size=data.num_classes,
@@ -143,6 +153,8 @@ def build_experiment(
     trainer = create_trainer(model, args, data.train, data.eval, partition=data.partition,
                              label_column=data.label_column, callbacks=callbacks, lora_save=lora_save, **extra)
     trainer.model_card_kwargs = card_kwargs
+    if data.mean and data.std:  # recorded in timm's pretrained_cfg of a timm-layout final model
+        trainer.data_config = {"mean": tuple(data.mean), "std": tuple(data.std)}
     return Experiment(trainer=trainer, data=data, model=model, args=args, data_args=data_args, model_args=model_args,
                       card_kwargs=card_kwargs)
 

@@ -17,6 +17,7 @@ from typing import Any
 import timm
 from transformers import PreTrainedModel
 
+from .artifacts import FEDFLAT_SUBFOLDER
 from .backbones import CUSTOM_MODELS, build_backbone, check_model_name
 from .modeling import FedFlatClassifierConfig, FedFlatImageClassifier
 from .text import LEAF_VOCAB_SIZE, TEXT_MODELS
@@ -192,7 +193,8 @@ def load_model(
     ``peft.PeftModel.from_pretrained``.
 
     Args:
-        path: Directory with ``config.json`` and ``model.safetensors``, or a LoRA adapter directory.
+        path: Directory with ``config.json`` and ``model.safetensors``, a LoRA adapter directory, or a final model
+            in timm's layout (hf_fedflat's files in its ``hf_fedflat/`` subfolder).
         base_model: The model the adapter was trained on (same architecture and frozen weights, e.g.
             ``create_model(...)`` with the same pretrained weights); only for adapter directories.
         **kwargs: Passed to ``from_pretrained`` (e.g. ``dtype``).
@@ -223,6 +225,8 @@ def load_model(
             return PeftModel.from_pretrained(base_model, path, **kwargs)
     if base_model is not None:
         raise ValueError(f"base_model: {path!r} holds a full model, not a LoRA adapter; leave base_model unset")
+    if os.path.isfile(os.path.join(path, FEDFLAT_SUBFOLDER, "config.json")):
+        path = os.path.join(path, FEDFLAT_SUBFOLDER)  # a timm-layout final model: hf_fedflat's files are in here
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{path!r} has no config.json: it was not saved with save_pretrained")
