@@ -37,6 +37,7 @@ from .algorithms.registry import (
 from .data.arguments import PartitionArguments
 from .diagnostics.arguments import DiagnosticsArguments, parse_diagnostics
 from .state.arguments import ClientStateArguments
+from .trainer_fields import check_trainer_fields
 from .validation import check_choice, check_integer, check_number, fail
 
 __all__ = ["FedTrainingArguments", "include_fields"]
@@ -207,6 +208,7 @@ class FedTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        check_trainer_fields(self)  # strings converted, unused Trainer fields refused, inherited fields checked
         self._validate_federated_fields()
         # The parent sets up accelerate: inside a multi-process launch, hf_fedflat.init_process_group() must have
         # turned it into N single-process trainers first (it hides the launcher's WORLD_SIZE; see
@@ -293,7 +295,6 @@ class FedTrainingArguments(TrainingArguments):
         check_choice("decentralized_participation", self.decentralized_participation, DECENTRALIZED_PARTICIPATION)
         check_number("lr_decay_per_round", self.lr_decay_per_round, low=0.0, high=1.0, low_open=True)
         check_number("local_epochs", self.local_epochs, low=0.0, low_open=True)
-        check_number("learning_rate", self.learning_rate, low=0.0, low_open=True)
         if self.local_steps is not None:
             check_integer("local_steps", self.local_steps)
         if not isinstance(self.save_every_n_rounds, int) or self.save_every_n_rounds < 0:
@@ -310,9 +311,6 @@ class FedTrainingArguments(TrainingArguments):
             check_number("participation_fraction", self.participation_fraction, low=0.0, high=1.0, low_open=True)
         check_choice("aggregation_weights", self.aggregation_weights, AGGREGATION_WEIGHTS)
         check_choice("batchnorm_buffers", self.batchnorm_buffers, BATCHNORM_BUFFERS)
-        if self.max_steps is not None and self.max_steps > 0:
-            fail("max_steps", "is not used by federated training; set local_steps (steps per client per round) "
-                 "and num_rounds instead.")
         if self.save_every_n_rounds and self.save_every_n_rounds > self.num_rounds:
             fail("save_every_n_rounds", f"{self.save_every_n_rounds} exceeds num_rounds={self.num_rounds}; no "
                  "checkpoint would be written.")
@@ -326,6 +324,18 @@ class FedTrainingArguments(TrainingArguments):
         if "perturbation_drift" in self.diagnostics_list and not issubclass(pieces[0], SharpnessAware):
             fail("diagnostics", f"perturbation_drift measures a SAM-type perturbation; this algorithm has none "
                  f"(perturbation={pieces[0].name!r}). Drop it from diagnostics or pick a perturbation (sam, lesam, ...).")
+        if self.topology == "graph" and self.topology_edges:
+            self._check_graph_connected()
+
+    def _check_graph_connected(self) -> None:
+        """A gossip graph in several pieces (spectral gap 0) never reaches consensus: refuse it now."""
+        from .aggregators.topology import _connected, _undirected_edges, load_edges
+
+        edges = _undirected_edges(self.num_clients, load_edges(self.topology_edges))
+        if not _connected(self.num_clients, edges):
+            fail("topology_edges", f"the graph in {self.topology_edges} does not connect all {self.num_clients} "
+                 "clients (spectral gap 0): clients in different pieces never reach consensus. Add edges between "
+                 "the pieces, or list every client 0..num_clients-1 in some edge.")
 
     @property
     def aggregator_name(self) -> str:

@@ -19,21 +19,23 @@ def fail(name: str, message: str):
     raise ValueError(f"{name}: {message}")
 
 
-def check_integer(name: str, value: Any, low: int = 1) -> None:
-    """An integer (not a bool) ``>= low``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        fail(name, f"must be an integer >= {low}, got {value!r}.")
+def check_integer(name: str, value: Any, low: int = 1, high: int | None = None) -> None:
+    """An integer (not a bool) ``>= low`` (and ``<= high`` when given)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in {low}..{high}"
+        fail(name, f"must be an integer {bounds}, got {value!r}.")
 
 
 def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
-                 low_open: bool = False) -> None:
-    """A finite number in ``[low, high]`` (``(low, high]`` with ``low_open``); either bound may be left out."""
+                 low_open: bool = False, high_open: bool = False) -> None:
+    """A finite number in ``[low, high]`` (an open end with ``low_open`` / ``high_open``); either bound may be
+    left out."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         fail(name, f"must be a finite number, got {value!r}.")
     if low is not None and (value <= low if low_open else value < low):
         fail(name, f"must be {'>' if low_open else '>='} {low}, got {value}.")
-    if high is not None and value > high:
-        fail(name, f"must be <= {high}, got {value}.")
+    if high is not None and (value >= high if high_open else value > high):
+        fail(name, f"must be {'<' if high_open else '<='} {high}, got {value}.")
 
 
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
