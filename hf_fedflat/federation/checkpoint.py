@@ -1,22 +1,34 @@
-"""Atomic checkpoints of a federated run.
+"""Atomic, verified checkpoints of a federated run.
 
 Layout of ``<output_dir>/checkpoints/round-<k>/`` (state after k completed rounds):
 ``global_params.safetensors`` (trainable parameters by name), ``server_state.safetensors``
-(``<piece>/<key>``), ``client_states/client-<id>.safetensors``, and ``federated_state.json``
-(round, history, run fingerprint), written last. The folder is assembled under a temporary name,
-fsynced, and renamed into place: a kill at any moment leaves the previous checkpoint intact, and a
-folder without a readable ``federated_state.json`` is rejected, never half-loaded. Only safetensors
-and JSON are read back: no pickle.
+(``<piece>/<key>``), ``client_states/client-<id>.safetensors``, ``federated_state.json`` (round, history,
+run fingerprint, the settings a resume may change only explicitly) and ``manifest.json``, written last:
+every file's relative path, size and SHA-256, every tensor's dtype and shape, and the ids of the clients
+with state. The folder is assembled under a temporary name, fsynced, and renamed: a kill at any moment
+leaves the previous checkpoint intact. Only safetensors and JSON are read back: no pickle.
+
+Nothing read back is trusted. :func:`load_checkpoint` refuses (:class:`CorruptCheckpointError`, naming the
+file and the tensor or field) a missing manifest, a file missing from it or not listed in it, a size or
+hash that differs, a non-finite tensor, a ``round`` inconsistent with the history, the folder's name or
+the manifest. :meth:`RunCheckpoints.restore` then checks the checkpoint against the run: the fingerprint,
+every parameter's name, shape and dtype, the server state's keys, shapes and dtypes (those the run's pieces
+start with), the client ids, and the settings a resume changes only with ``allow_config_change``
+(:data:`GUARDED_SETTINGS`, ``num_rounds`` below the checkpoint's round). ``resume_from_checkpoint="latest"``
+skips a corrupt newest checkpoint (with a warning saying why) and takes the newest intact one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,19 +36,26 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..io import fsync_dir
-from ..state.store import ClientStateStore, flatten_state, unflatten_state
+from ..state.store import ClientStateStore, flatten_state, parse_client_file, unflatten_state
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 STATE_FILE = "federated_state.json"
+MANIFEST_FILE = "manifest.json"
 PARAMS_FILE = "global_params.safetensors"
 SERVER_FILE = "server_state.safetensors"
 CLIENTS_DIR = "client_states"
 logger = logging.getLogger(__name__)
 _ROUND_DIR = re.compile(r"^round-(\d+)$")
+_HASH_CHUNK = 1 << 22
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupt, or from an incompatible run."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's files are not what was written (missing, extra, changed, non-finite, inconsistent), or do
+    not fit the run although its fingerprint does: ``resume_from_checkpoint="latest"`` falls back past it."""
 
 
 @dataclass
@@ -46,10 +65,16 @@ class Checkpoint:
     params: dict[str, torch.Tensor]
     server_state: dict[str, dict[str, torch.Tensor]]
     meta: dict
+    manifest: dict = field(default_factory=dict)
 
     @property
     def client_states_dir(self) -> Path:
         return self.path / CLIENTS_DIR
+
+    @property
+    def client_ids(self) -> list[int]:
+        """The clients with a state file (verified against the manifest by :func:`load_checkpoint`)."""
+        return list(self.manifest.get("client_ids", []))
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -88,6 +113,206 @@ def recover_interrupted(root: str | os.PathLike) -> None:
     fsync_dir(root)
 
 
+# --- the manifest ---------------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _entries(folder: Path) -> tuple[list[str], list[str]]:
+    """``(regular files, anything else)`` under ``folder`` as relative ``/`` paths, symlinks never followed.
+    "Anything else": symlinks, devices, folders other than ``client_states/``."""
+    files, odd = [], []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        base = Path(dirpath).relative_to(folder)
+        for name in dirnames:
+            rel = (base / name).as_posix()
+            if rel != CLIENTS_DIR or os.path.islink(os.path.join(dirpath, name)):
+                odd.append(rel + "/")
+        dirnames[:] = [n for n in dirnames if (base / n).as_posix() == CLIENTS_DIR
+                       and not os.path.islink(os.path.join(dirpath, n))]
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            (files if os.path.isfile(full) and not os.path.islink(full) else odd).append((base / name).as_posix())
+    return sorted(files), sorted(odd)
+
+
+def _tensor_table(path: Path) -> dict[str, dict]:
+    """``{tensor name: {"dtype", "shape"}}`` from a safetensors file's header (nothing else is read)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise ValueError("shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", head)
+        if length > size - 8:
+            raise ValueError(f"header length {length} exceeds the file's {size} bytes")
+        header = json.loads(handle.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    return {name: {"dtype": info["dtype"], "shape": list(info["shape"])} for name, info in sorted(header.items())
+            if name != "__metadata__"}
+
+
+def write_manifest(folder: str | os.PathLike, round_index: int) -> dict:
+    """Write ``manifest.json`` for every file now in ``folder`` (call it last): relative path, size, SHA-256;
+    every tensor's dtype and shape; the ids of the clients with a state file."""
+    folder = Path(folder)
+    files, tensors = {}, {}
+    for rel in _entries(folder)[0]:
+        if rel == MANIFEST_FILE:
+            continue
+        path = folder / rel
+        files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        if rel.endswith(".safetensors"):
+            tensors[rel] = _tensor_table(path)
+    client_ids = sorted(cid for rel in files if (cid := _client_id(rel)) is not None)
+    manifest = {"format_version": FORMAT_VERSION, "round": round_index, "files": files, "tensors": tensors,
+                "client_ids": client_ids}
+    with open(folder / MANIFEST_FILE, "w") as handle:
+        json.dump(manifest, handle, indent=1)
+    return manifest
+
+
+def _client_id(rel: str) -> int | None:
+    directory, _, name = rel.rpartition("/")
+    return parse_client_file(name) if directory == CLIENTS_DIR else None
+
+
+def _corrupt(path: Path, where: str, what: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"Checkpoint {path} is incomplete or corrupt: {where}: {what}")
+
+
+def _read_json(path: Path, rel: str) -> dict:
+    try:
+        with open(path / rel) as handle:
+            value = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _corrupt(path, rel, f"cannot be read ({error}).") from None
+    if not isinstance(value, dict):
+        raise _corrupt(path, rel, "is not a JSON object.")
+    return value
+
+
+def verify_files(path: str | os.PathLike) -> dict:
+    """Check every file of the checkpoint folder ``path`` against its ``manifest.json``; return the manifest.
+
+    Refused (:class:`CorruptCheckpointError`, naming the file): no manifest; a file listed but missing, a file
+    present but not listed (e.g. a stray ``client-999``), a symlink or other non-file; a size or SHA-256 that
+    differs; tensor dtypes or shapes in a header that differ from the manifest's."""
+    path = Path(path)
+    if not (path / MANIFEST_FILE).is_file():
+        raise _corrupt(path, MANIFEST_FILE, (
+            "is missing. Every checkpoint lists its files' sizes and SHA-256 in it, written last: a folder "
+            "without it was not completely written, was altered, or predates manifests (format "
+            f"{FORMAT_VERSION}). Resume from another round-<k> folder."))
+    manifest = _read_json(path, MANIFEST_FILE)
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise _corrupt(path, MANIFEST_FILE, f"format_version is {manifest.get('format_version')!r}, "
+                                            f"expected {FORMAT_VERSION}.")
+    listed, tensors = manifest.get("files"), manifest.get("tensors")
+    if not isinstance(listed, dict) or not isinstance(tensors, dict) or not isinstance(manifest.get("client_ids"), list):
+        raise _corrupt(path, MANIFEST_FILE, "lacks its 'files', 'tensors' or 'client_ids' table.")
+    for required in (STATE_FILE, PARAMS_FILE, SERVER_FILE):
+        if required not in listed:
+            raise _corrupt(path, MANIFEST_FILE, f"does not list {required}.")
+    files, odd = _entries(path)
+    for rel in odd:
+        raise _corrupt(path, rel, "is not a regular file or folder of a checkpoint (a symlink or a stray folder).")
+    present = set(files) - {MANIFEST_FILE}
+    for rel in sorted(set(listed) - present):
+        raise _corrupt(path, rel, f"is missing ({MANIFEST_FILE} lists it: the file was deleted or moved).")
+    for rel in sorted(present - set(listed)):
+        raise _corrupt(path, rel, f"is not part of the checkpoint ({MANIFEST_FILE} does not list it): a file added "
+                                  "after the checkpoint was written.")
+    for rel in sorted(listed):
+        entry = listed[rel]
+        size = (path / rel).stat().st_size
+        if not isinstance(entry, dict) or size != entry.get("size"):
+            raise _corrupt(path, rel, f"has {size} bytes, {MANIFEST_FILE} says {entry.get('size') if isinstance(entry, dict) else entry!r} "
+                                      "(truncated or extended after it was written).")
+        if _sha256(path / rel) != entry.get("sha256"):
+            raise _corrupt(path, rel, f"its SHA-256 differs from the one in {MANIFEST_FILE}: the file changed "
+                                      "after the checkpoint was written (e.g. a flipped bit).")
+        if rel.endswith(".safetensors"):
+            try:
+                table = _tensor_table(path / rel)
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise _corrupt(path, rel, f"is not a safetensors file ({error}).") from None
+            if table != tensors.get(rel):
+                raise _corrupt(path, rel, f"its tensors' dtypes and shapes differ from {MANIFEST_FILE}'s.")
+    client_ids = sorted(cid for rel in listed if (cid := _client_id(rel)) is not None)
+    if manifest["client_ids"] != client_ids:
+        raise _corrupt(path, MANIFEST_FILE, f"lists clients with state {manifest['client_ids']}, the files under "
+                                            f"{CLIENTS_DIR}/ are {client_ids}.")
+    for rel in listed:
+        if rel.startswith(CLIENTS_DIR + "/") and _client_id(rel) is None:
+            raise _corrupt(path, rel, "is not a client-<id>.safetensors file.")
+    return manifest
+
+
+def load_tensors(path: Path, rel: str) -> dict[str, torch.Tensor]:
+    """The tensors of ``path/rel``, each checked finite (NaN/Inf refused, naming the tensor)."""
+    try:
+        tensors = load_file(str(path / rel))
+    except (OSError, SafetensorError) as error:
+        raise _corrupt(path, rel, f"cannot be read as safetensors ({error}).") from None
+    for name, tensor in tensors.items():
+        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
+            bad = (~torch.isfinite(tensor)).reshape(-1).nonzero()
+            raise _corrupt(path, f"{rel}: tensor {name!r}", f"has {bad.numel()} NaN/Inf value(s) (first at flat "
+                                                            f"index {int(bad[0])}); every checkpointed tensor is finite.")
+    return tensors
+
+
+def _unflatten(path: Path, rel: str, flat: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    for name in flat:
+        if "/" not in name:
+            raise _corrupt(path, f"{rel}: tensor {name!r}", "is not named <piece>/<key>.")
+    return unflatten_state(flat)
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read a checkpoint folder after checking it against its manifest (:func:`verify_files`), its
+    ``round`` against its history, folder name and manifest, and every loaded tensor finite."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"resume_from_checkpoint: {path} is not a checkpoint folder.")
+    manifest = verify_files(path)
+    meta = _read_json(path, STATE_FILE)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise _corrupt(path, STATE_FILE, f"format_version is {meta.get('format_version')!r}, expected {FORMAT_VERSION}.")
+    for name, kind in (("fingerprint", dict), ("settings", dict), ("history", list), ("config_changes", list)):
+        if not isinstance(meta.get(name), kind):
+            raise _corrupt(path, f"{STATE_FILE}: field {name!r}", f"is missing or not a {kind.__name__} (every "
+                                                                   "checkpoint records it).")
+    round_index = meta.get("round")
+    if not isinstance(round_index, int) or isinstance(round_index, bool) or round_index < 1:
+        raise _corrupt(path, f"{STATE_FILE}: field 'round'", f"is {round_index!r}; a checkpoint is written after "
+                                                             "round 1 or later.")
+    folder = _ROUND_DIR.match(path.name)
+    history_rounds = [r.get("round") if isinstance(r, dict) else r for r in meta["history"]]
+    if round_index != manifest["round"] or (folder and int(folder.group(1)) != round_index) \
+            or history_rounds != list(range(1, round_index + 1)):
+        raise _corrupt(path, f"{STATE_FILE}: field 'round'", (
+            f"is {round_index}, but the folder is {path.name}, {MANIFEST_FILE} says round {manifest['round']} and "
+            f"the history holds rounds {_short(history_rounds)}: they must agree (round k after rounds 1..k)."))
+    wall = meta.get("wall_seconds")
+    if not isinstance(wall, (int, float)) or isinstance(wall, bool) or not math.isfinite(wall) or wall < 0:
+        raise _corrupt(path, f"{STATE_FILE}: field 'wall_seconds'", f"is {wall!r}, not a finite number >= 0.")
+    params = load_tensors(path, PARAMS_FILE)
+    server_state = _unflatten(path, SERVER_FILE, load_tensors(path, SERVER_FILE))
+    return Checkpoint(path=path, round=round_index, params=params, server_state=server_state, meta=meta,
+                      manifest=manifest)
+
+
+def _short(values: list, limit: int = 12) -> str:
+    return str(values) if len(values) <= limit else f"{values[:limit]}... ({len(values)} in all)"
+
+
 def save_checkpoint(
     root: str | os.PathLike,
     round_index: int,
@@ -97,7 +322,8 @@ def save_checkpoint(
     meta: dict,
     save_total_limit: int | None = None,
 ) -> Path:
-    """Write ``round-<round_index>`` atomically; then keep at most ``save_total_limit`` checkpoints."""
+    """Write ``round-<round_index>`` atomically, its manifest last; then keep at most ``save_total_limit``
+    checkpoints."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     recover_interrupted(root)
@@ -111,6 +337,7 @@ def save_checkpoint(
     store.export_to(tmp / CLIENTS_DIR)
     with open(tmp / STATE_FILE, "w") as handle:
         json.dump({"format_version": FORMAT_VERSION, "round": round_index, **meta}, handle, indent=2, default=str)
+    write_manifest(tmp, round_index)
     for dirpath, _, filenames in os.walk(tmp):
         for name in filenames:
             with open(os.path.join(dirpath, name), "rb") as handle:
@@ -130,35 +357,14 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Read a checkpoint folder, checking that it is complete."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"resume_from_checkpoint: {path} is not a checkpoint folder.")
-    state_file = path / STATE_FILE
-    try:
-        with open(state_file) as handle:
-            meta = json.load(handle)
-    except (OSError, json.JSONDecodeError) as error:
-        raise CheckpointError(
-            f"Checkpoint {path} is incomplete or corrupt ({STATE_FILE}: {error}). Resume from an earlier "
-            f"round-<k> folder instead."
-        ) from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"Checkpoint {path} has format {meta.get('format_version')}, expected {FORMAT_VERSION}.")
-    try:
-        params = load_file(str(path / PARAMS_FILE))
-        server_state = unflatten_state(load_file(str(path / SERVER_FILE)))
-    except (OSError, SafetensorError) as error:
-        raise CheckpointError(f"Checkpoint {path} is incomplete or corrupt: {error}.") from None
-    if not (path / CLIENTS_DIR).is_dir():
-        raise CheckpointError(f"Checkpoint {path} is incomplete: {CLIENTS_DIR}/ is missing.")
-    return Checkpoint(path=path, round=int(meta["round"]), params=params, server_state=server_state, meta=meta)
+def _is_latest(spec: str | bool) -> bool:
+    return spec is True or str(spec).lower() in ("latest", "true")
 
 
 def resolve_checkpoint(spec: str | bool, root: str | os.PathLike) -> Path:
-    """A path, or ``"latest"``/``True`` for the newest checkpoint under ``root``."""
-    if spec is True or str(spec).lower() in ("latest", "true"):
+    """A path, or ``"latest"``/``True`` for the newest checkpoint folder under ``root`` (not verified: see
+    :meth:`RunCheckpoints.restore`, which falls back past corrupt ones)."""
+    if _is_latest(spec):
         recover_interrupted(root)
         found = list_checkpoints(root)
         if not found:
@@ -173,12 +379,29 @@ FINGERPRINT_FIELDS = (
     "fed_algorithm", "perturbation", "corrections", "aggregator", "num_clients", "seed", "partition_scheme",
     "dirichlet_alpha", "classes_per_client", "min_partition_size", "effective_partition_seed",
 )
+#: settings a resume changes only with ``allow_config_change`` (then recorded); ``num_rounds`` too, when it is
+#: below the checkpoint's round (raising it, to extend a run, is always allowed)
+GUARDED_SETTINGS = ("learning_rate", "clients_per_round", "lr_decay_per_round")
 
 
 def fingerprint_fields(args) -> tuple[str, ...]:
     """The names of the settings a checkpoint records and a resume must match: the run's set-up and every
     hyperparameter the run's pieces declare (read from the piece registry through ``args``)."""
     return FINGERPRINT_FIELDS + tuple(name for name in args.algorithm_hyperparameters() if name not in FINGERPRINT_FIELDS)
+
+
+def run_settings(args) -> dict:
+    """The settings a checkpoint records besides its fingerprint (``clients_per_round``: the per-round count)."""
+    return {"num_rounds": args.num_rounds, "learning_rate": args.learning_rate,
+            "clients_per_round": args.num_clients_per_round, "lr_decay_per_round": args.lr_decay_per_round}
+
+
+def _as_json(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass
@@ -197,48 +420,176 @@ class RunCheckpoints:
     """Saves and restores the checkpoints of one run under ``<output_dir>/checkpoints``.
 
     Args:
-        args: the run's arguments (output_dir, save_total_limit and the fingerprinted settings).
+        args: the run's arguments (output_dir, save_total_limit, allow_config_change and the fingerprinted and
+            guarded settings).
         space, buffer_space: the model's trainable parameters (and averaged buffers, or None) by name.
         extra_fingerprint: further values a resume must match (parameter count, LoRA base digest, the
             strategy's settings).
     """
 
     def __init__(self, args, space, buffer_space=None, extra_fingerprint: dict | None = None):
+        self.args = args
         self.root = os.path.join(args.output_dir, "checkpoints")
         self.save_total_limit = args.save_total_limit
         self.space, self.buffer_space = space, buffer_space
         self.fingerprint = {name: getattr(args, name) for name in fingerprint_fields(args)}
         self.fingerprint.update(extra_fingerprint or {})
+        #: settings changed on resume with allow_config_change (carried into every later checkpoint)
+        self.config_changes: list[dict] = []
 
     def save(self, round_number: int, weights: dict[str, torch.Tensor], server_state, store: ClientStateStore,
              history: list[dict], wall_seconds: float) -> Path:
-        meta = {"fingerprint": self.fingerprint, "history": history, "wall_seconds": wall_seconds}
+        meta = {"fingerprint": self.fingerprint, "settings": run_settings(self.args),
+                "config_changes": self.config_changes, "history": history, "wall_seconds": wall_seconds}
         tensors = self.space.named_tensors(weights["params"])
         if weights.get("buffers") is not None:
             tensors.update(self.buffer_space.named_tensors(weights["buffers"]))
         return save_checkpoint(self.root, round_number, tensors, server_state, store, meta, self.save_total_limit)
 
-    def restore(self, spec: str | bool, store: ClientStateStore, dtype: torch.dtype) -> Restored:
-        """Check the checkpoint against this run, load the client states into ``store``, return the rest."""
-        path = resolve_checkpoint(spec, self.root)
+    def restore(self, spec: str | bool, store: ClientStateStore, dtype: torch.dtype,
+                server_state_template: dict | None = None) -> Restored:
+        """Check the checkpoint (a path, or ``"latest"``/``True``) and its fit to this run, load the client
+        states into ``store``, return the rest.
+
+        ``server_state_template``: the server state this run's pieces start with; the checkpoint's must have
+        the same keys, shapes and dtypes. ``latest`` takes the newest intact checkpoint: a corrupt one is
+        skipped with a warning saying why; none intact is a :class:`CheckpointError` listing each."""
+        if not _is_latest(spec):
+            return self._restore(Path(spec), store, dtype, server_state_template)
+        recover_interrupted(self.root)
+        found = list_checkpoints(self.root)
+        if not found:
+            raise CheckpointError(f"resume_from_checkpoint: no round-<k> checkpoint under {self.root}.")
+        refused = []
+        for path in reversed(found):
+            try:
+                restored = self._restore(path, store, dtype, server_state_template)
+            except CorruptCheckpointError as error:
+                logger.warning("resume_from_checkpoint=latest: skipping %s: %s", path.name, error)
+                refused.append(f"{path.name}: {error}")
+                continue
+            if refused:
+                logger.warning("Resuming from %s, the newest intact checkpoint (%d newer one(s) refused).",
+                               path, len(refused))
+            return restored
+        raise CheckpointError(f"resume_from_checkpoint=latest: no intact checkpoint under {self.root}; each was "
+                              "refused:\n  " + "\n  ".join(refused))
+
+    def _restore(self, path: Path, store: ClientStateStore, dtype: torch.dtype, template: dict | None) -> Restored:
         checkpoint = load_checkpoint(path)
-        saved = checkpoint.meta.get("fingerprint", {})
+        self._check_fingerprint(checkpoint)
+        weights = self._weights(checkpoint, dtype)
+        if template is not None:
+            self._check_server_state(checkpoint, template)
+        for client_id in checkpoint.client_ids:
+            if not 0 <= client_id < self.args.num_clients:
+                raise _corrupt(path, f"{CLIENTS_DIR}/client-{client_id}.safetensors",
+                               f"client {client_id} does not exist in this run (num_clients={self.args.num_clients}).")
+        changes = self._check_settings(checkpoint)
+        self._import_client_states(checkpoint, store)
+        history = list(checkpoint.meta["history"])
+        self.config_changes = list(checkpoint.meta["config_changes"]) + changes
+        if changes:
+            history[-1] = {**history[-1], "config_changes": changes}
+        logger.info("Resuming from %s (round %d)", path, checkpoint.round)
+        return Restored(weights=weights, server_state=checkpoint.server_state, round=checkpoint.round,
+                        history=history, wall_seconds=float(checkpoint.meta["wall_seconds"]))
+
+    def _check_fingerprint(self, checkpoint: Checkpoint) -> None:
+        saved, path = checkpoint.meta["fingerprint"], checkpoint.path
         for name, value in self.fingerprint.items():
-            if name in saved and saved[name] != value:
+            if name not in saved:
+                raise _corrupt(path, f"{STATE_FILE}: fingerprint", f"lacks {name!r}, which this run records.")
+            if saved[name] != _as_json(value):
                 raise CheckpointError(
                     f"{name}: the checkpoint {path} was made with {name}={saved[name]!r}, this run has {value!r}; "
                     "resume with the original settings or start a new output_dir."
                 )
-        names, shapes = list(self.space.names), list(self.space.shapes)
+
+    def _weights(self, checkpoint: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The flat weights, after checking every tensor's name, shape and dtype against the model."""
+        expected = {n: (tuple(s), dtype) for n, s in zip(self.space.names, self.space.shapes)}
+        if self.buffer_space is not None:  # averaged buffers are float32 (BufferSpace.flatten)
+            expected.update({n: (tuple(s), torch.float32) for n, s in zip(self.buffer_space.names,
+                                                                         self.buffer_space.shapes)})
+        params, path = checkpoint.params, checkpoint.path
+        for name in expected:
+            if name not in params:
+                raise _corrupt(path, f"{PARAMS_FILE}: tensor {name!r}", "is missing (this model has it).")
+        for name, tensor in params.items():
+            if name not in expected:
+                raise _corrupt(path, f"{PARAMS_FILE}: tensor {name!r}", "is not a parameter of this model.")
+            shape, kind = expected[name]
+            if tuple(tensor.shape) != shape:
+                raise _corrupt(path, f"{PARAMS_FILE}: tensor {name!r}",
+                               f"has shape {list(tensor.shape)}, this model's is {list(shape)}.")
+            if tensor.dtype != kind:
+                raise _corrupt(path, f"{PARAMS_FILE}: tensor {name!r}",
+                               f"is {_dtype_name(tensor.dtype)}, this run's is {_dtype_name(kind)}.")
+        weights = {"params": torch.cat([params[n].reshape(-1) for n in self.space.names])}
         if self.buffer_space is not None:
-            names, shapes = names + self.buffer_space.names, shapes + self.buffer_space.shapes
-        if set(checkpoint.params) != set(names) or any(checkpoint.params[n].shape != s for n, s in zip(names, shapes)):
-            raise CheckpointError(f"Checkpoint {path} holds different parameters than this model.")
-        weights = {"params": torch.cat([checkpoint.params[n].reshape(-1) for n in self.space.names]).to(dtype)}
-        if self.buffer_space is not None:
-            weights["buffers"] = torch.cat([checkpoint.params[n].reshape(-1).float() for n in self.buffer_space.names])
-        store.import_from(checkpoint.client_states_dir)
-        logger.info("Resuming from %s (round %d)", path, checkpoint.round)
-        return Restored(weights=weights, server_state=checkpoint.server_state, round=checkpoint.round,
-                        history=list(checkpoint.meta.get("history", [])),
-                        wall_seconds=float(checkpoint.meta.get("wall_seconds", 0.0)))
+            weights["buffers"] = torch.cat([params[n].reshape(-1) for n in self.buffer_space.names]
+                                           or [torch.zeros(0)])
+        return weights
+
+    def _check_server_state(self, checkpoint: Checkpoint, template: dict) -> None:
+        """Same keys, shapes and dtypes as the server state this run's pieces start with."""
+        saved, expected, path = flatten_state(checkpoint.server_state), flatten_state(template), checkpoint.path
+        for name, reference in expected.items():
+            where = f"{SERVER_FILE}: {name!r}"
+            if name not in saved:
+                raise _corrupt(path, where, f"is missing; this run's pieces ({self.args.fed_algorithm}) keep it, "
+                                            f"shape {list(reference.shape)}.")
+            if saved[name].shape != reference.shape or saved[name].dtype != reference.dtype:
+                raise _corrupt(path, where, (
+                    f"is {_dtype_name(saved[name].dtype)} of shape {list(saved[name].shape)}, this run's pieces keep "
+                    f"{_dtype_name(reference.dtype)} of shape {list(reference.shape)}."))
+        for name in saved:
+            if name not in expected:
+                raise _corrupt(path, f"{SERVER_FILE}: {name!r}", f"is kept by no piece of this run "
+                                                                 f"({self.args.fed_algorithm}).")
+
+    def _check_settings(self, checkpoint: Checkpoint) -> list[dict]:
+        """The guarded settings that differ from the checkpoint's: refused, or (``allow_config_change``) logged
+        and returned to be recorded."""
+        saved, now, path = checkpoint.meta["settings"], run_settings(self.args), checkpoint.path
+        changes, reasons = [], []
+        for name in GUARDED_SETTINGS:
+            if name not in saved:
+                raise _corrupt(path, f"{STATE_FILE}: settings", f"lacks {name!r}.")
+            if saved[name] != now[name]:
+                changes.append({"field": name, "checkpoint": saved[name], "run": now[name]})
+                reasons.append(f"{name}: the checkpoint {path} was made with {name}={saved[name]!r}, this run has "
+                               f"{now[name]!r}")
+        if checkpoint.round > self.args.num_rounds:
+            changes.append({"field": "num_rounds", "checkpoint": checkpoint.round, "run": self.args.num_rounds})
+            reasons.append(f"num_rounds: the checkpoint {path} has completed {checkpoint.round} rounds, more than "
+                           f"num_rounds={self.args.num_rounds} (nothing would train; its model would be saved as "
+                           "final)")
+        if not changes:
+            return []
+        if not getattr(self.args, "allow_config_change", False):
+            raise CheckpointError("; ".join(reasons) + ". Resume with the checkpoint's values, or pass "
+                                  "--allow_config_change true to change them from this round on (recorded in "
+                                  "history.json and later checkpoints).")
+        for change in changes:
+            change["resumed_after_round"] = checkpoint.round
+        logger.warning("allow_config_change: resuming with changed settings (recorded in history.json and later "
+                       "checkpoints): %s.", "; ".join(reasons))
+        return changes
+
+    def _import_client_states(self, checkpoint: Checkpoint, store: ClientStateStore) -> None:
+        """Replace the store's states with the checkpoint's, each tensor finite and of the same dtype and shape
+        for every client holding that key."""
+        store.clear()
+        seen: dict[str, tuple[int, torch.dtype, tuple]] = {}
+        for client_id in checkpoint.client_ids:
+            rel = f"{CLIENTS_DIR}/client-{client_id}.safetensors"
+            flat = load_tensors(checkpoint.path, rel)
+            for name, tensor in flat.items():
+                first = seen.setdefault(name, (client_id, tensor.dtype, tuple(tensor.shape)))
+                if (tensor.dtype, tuple(tensor.shape)) != first[1:]:
+                    raise _corrupt(checkpoint.path, f"{rel}: tensor {name!r}", (
+                        f"is {_dtype_name(tensor.dtype)} of shape {list(tensor.shape)}, client {first[0]}'s is "
+                        f"{_dtype_name(first[1])} of shape {list(first[2])}."))
+            store.put(client_id, _unflatten(checkpoint.path, rel, flat))

@@ -132,7 +132,9 @@ def _start(trainer, resume) -> tuple[int, float]:
         initial["buffers"] = trainer.buffer_space.flatten().cpu()
     restored = None
     if resume:
-        restored = trainer.checkpoints.restore(resume, trainer.store, initial["params"].dtype)
+        trainer.strategy.start(initial, None)  # the fresh server state: a checkpoint's must have its keys and shapes
+        restored = trainer.checkpoints.restore(resume, trainer.store, initial["params"].dtype,
+                                               server_state_template=trainer.strategy.server_state())
         trainer.history = restored.history
     trainer.strategy.start(initial, restored)
     trainer.call_callbacks("on_train_begin")

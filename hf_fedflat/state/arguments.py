@@ -1,11 +1,11 @@
-"""Where per-client state lives: options of :func:`~hf_fedflat.state.create_client_state_store`, part of
-:class:`~hf_fedflat.FedTrainingArguments` (declared and checked here)."""
+"""Where per-client state lives (options of :func:`~hf_fedflat.state.create_client_state_store`) and what a
+resume from a checkpoint may change: part of :class:`~hf_fedflat.FedTrainingArguments` (declared and checked here)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..validation import check_choice, check_number
+from ..validation import check_choice, check_number, fail
 
 __all__ = ["CLIENT_STATE_STORES", "ClientStateArguments"]
 
@@ -28,6 +28,16 @@ class ClientStateArguments:
                           "further client's state goes to its own file on disk."},
     )
 
+    allow_config_change: bool = field(
+        default=False,
+        metadata={"help": "Resume from a checkpoint although learning_rate, clients_per_round or lr_decay_per_round "
+                          "differ from the checkpoint's, or num_rounds is below its round: the change is logged and "
+                          "recorded (history.json, later checkpoints). Without it such a resume is refused. The "
+                          "algorithm, its hyperparameters, num_clients, seed and partition can never change."},
+    )
+
     def validate(self) -> None:
         check_number("client_state_memory_mb", self.client_state_memory_mb, low=0.0)
+        if not isinstance(self.allow_config_change, bool):
+            fail("allow_config_change", f"must be true or false, got {self.allow_config_change!r}.")
         check_choice("client_state_store", self.client_state_store, CLIENT_STATE_STORES)

@@ -43,6 +43,12 @@ def client_file(directory: str | os.PathLike, client_id: int) -> Path:
     return Path(directory) / f"client-{client_id}.safetensors"
 
 
+def parse_client_file(name: str) -> int | None:
+    """The client id of a ``client-<id>.safetensors`` file name; None for any other name."""
+    match = _FILE.match(name)
+    return int(match.group(1)) if match else None
+
+
 class ClientStateStore(ABC):
     """``get``/``put`` a client's state; ``export_to``/``import_from`` a folder for checkpoints."""
 
