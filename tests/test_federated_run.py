@@ -173,13 +173,14 @@ def test_batchnorm_statistics_are_averaged_with_the_aggregation_weights(tmp_path
 
 
 def test_each_client_and_round_gets_its_own_data_order(tmp_path):
-    """The Trainer's sampler is seeded from (seed, round, client), even when the user sets data_seed."""
+    """The Trainer's sampler is seeded from (seed, round, client) (a data_seed is refused: the federated loop
+    would override it; see tests/test_field_validation.py)."""
     from transformers import set_seed
 
     from hf_fedflat.sampling import derive_seed
 
     args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_clients=2, clients_per_round=2,
-                                partition_scheme="iid", per_device_train_batch_size=8, data_seed=5)
+                                partition_scheme="iid", per_device_train_batch_size=8)
     trainer = FederatedTrainer(TinyClassifier(), args, TRAIN, TEST, label_column="labels").client_trainer
     trainer.train_dataset = TRAIN
 
