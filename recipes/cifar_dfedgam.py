@@ -4,14 +4,17 @@
     for rho in 0.05 0.1 0.2 0.5 1.0 2.0; do                                    # the seed's rho search
         accelerate launch recipes/cifar_dfedgam.py --rho $rho --output_dir outputs/cifar_dfedgam/rho$rho; done
     accelerate launch recipes/cifar_dfedgam.py --fed_algorithm dfedsam --topology ring
-    accelerate launch recipes/cifar_dfedgam.py --fed_algorithm dpsgd --decentralized_participation full
+    accelerate launch recipes/cifar_dfedgam.py --fed_algorithm dpsgd
+    accelerate launch recipes/cifar_dfedgam.py --hvp_mode finite_difference   # gradients only, no double backward
     accelerate launch recipes/cifar_dfedgam.py --smoke
 
-No server: every client keeps its own model, the round's sampled clients (10% of 100) run local GAM steps
-(``d = g + alpha*rho*grad F(w + rho g/||g||)``), then every client averages with its neighbours through
-the mixing matrix of a random topology with at most 10 neighbours (``--topology random_regular
---topology_degree 10``, re-drawn each round with ``--topology_redraw true``). SGD lr 0.1 decaying 0.995
-per round, 5 local epochs of batch 50, ResNet-18-GN. ``history.json`` adds the accuracy of the average
+No server: every client keeps its own model and, as in the seed ("all clients run local steps for the
+decentralized methods"), all 100 run their local steps every round (``--decentralized_participation full``)
+with DFedGAM's first-order flatness step (eq. 7-8: ``delta = rho * H g/||H g||`` by double backward,
+``d = grad F(w + delta)``), then every client averages with its neighbours through the mixing matrix of a
+random topology with at most 10 neighbours, as many as a server's clients per round (``--topology
+random_regular --topology_degree 10``, re-drawn each round with ``--topology_redraw true``). SGD lr 0.1
+decaying 0.995 per round, 5 local epochs of batch 50, ResNet-18-GN (the seed trains a LeNet). ``history.json`` adds the accuracy of the average
 model, the mean/std of the local models' accuracies, the consensus distance and the spectral gap.
 """
 
@@ -20,7 +23,7 @@ from hf_fedflat.recipes import run_recipe
 DEFAULTS = [
     "--dataset_name", "cifar10", "--train_augmentation", "true", "--model_name", "resnet18_gn", "--image_size", "32",
     "--fed_algorithm", "dfedgam", "--rho", "0.1", "--num_clients", "100", "--participation_fraction", "0.1",
-    "--decentralized_participation", "sampled", "--topology", "random_regular", "--topology_degree", "10",
+    "--decentralized_participation", "full", "--topology", "random_regular", "--topology_degree", "10",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.3",
     "--learning_rate", "0.1", "--lr_decay_per_round", "0.995", "--local_epochs", "5",
     "--per_device_train_batch_size", "50", "--num_rounds", "500", "--eval_every_n_rounds", "5",
