@@ -1,22 +1,34 @@
-"""hf_fedflat: federated fine-tuning with flatness-seeking optimizers, the Hugging Face way."""
+"""hf_fedflat: federated fine-tuning with flatness-seeking optimizers, the Hugging Face way.
+
+``import hf_fedflat`` registers every algorithm preset (server and decentralized: plain torch) and
+nothing more; the trainer, transformers' ``Trainer``, datasets, timm and peft load on first use of a
+name below (PEP 562, :mod:`hf_fedflat._lazy`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._lazy import attach, exported_names
+from .decentralized import presets as _decentralized_presets  # noqa: F401  (registers the d* presets)
 
 __version__ = "0.1.0"
 
-from .algorithms import (  # noqa: E402
-    AlgorithmSpec,
-    FederatedAlgorithm,
-    build_algorithm,
-    get_preset,
-    list_algorithms,
-)
-from .config import FedTrainingArguments  # noqa: E402
-from .decentralized import DecentralizedTrainer, create_trainer  # noqa: E402  (registers the d* presets)
-from .federation import FederatedCallback, FederatedTrainer, FederatedTrainOutput  # noqa: E402
-from .federation.comm import init_federated_process_group as init_process_group  # noqa: E402  (entry points call it first)
-from .training import ClientTrainer, ParameterSpace  # noqa: E402
+_EXPORTS = {
+    ".algorithms": ("AlgorithmSpec", "FederatedAlgorithm", "build_algorithm", "get_preset", "list_algorithms"),
+    ".config": ("FedTrainingArguments",),
+    ".decentralized": ("DecentralizedTrainer", "create_trainer"),
+    ".federation": ("FederatedCallback", "FederatedTrainer", "FederatedTrainOutput"),
+    ".federation.comm": ("init_federated_process_group as init_process_group",),
+    ".training": ("ClientTrainer", "ParameterSpace"),
+}
+__getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
+__all__ = [*exported_names(_EXPORTS), "__version__"]
 
-__all__ = [
-    "AlgorithmSpec", "ClientTrainer", "DecentralizedTrainer", "FedTrainingArguments", "FederatedAlgorithm",
-    "FederatedCallback", "FederatedTrainOutput", "FederatedTrainer", "ParameterSpace", "build_algorithm",
-    "create_trainer", "get_preset", "init_process_group", "list_algorithms", "__version__",
-]
+if TYPE_CHECKING:
+    from .algorithms import AlgorithmSpec, FederatedAlgorithm, build_algorithm, get_preset, list_algorithms
+    from .config import FedTrainingArguments
+    from .decentralized import DecentralizedTrainer, create_trainer
+    from .federation import FederatedCallback, FederatedTrainer, FederatedTrainOutput
+    from .federation.comm import init_federated_process_group as init_process_group
+    from .training import ClientTrainer, ParameterSpace

@@ -1,33 +1,45 @@
 """Decentralized federated learning: topologies, gossip, the gossip round strategy and its trainer.
 
 Importing this package registers the ``gossip`` aggregator and the presets ``dfedavg``, ``dfedavgm``,
-``dpsgd``, ``dfedsam`` and ``dfedgam``.
+``dpsgd``, ``dfedsam`` and ``dfedgam``; the other names load on first use.
 """
 
-from . import presets as _presets  # noqa: F401
-from ..aggregators.gossip import GOSSIP_KEY, GossipAggregator, gossip_rows, is_decentralized
-from ..aggregators.topology import (
-    TOPOLOGIES,
-    MixingMatrix,
-    Topology,
-    exponential,
-    fully_connected,
-    load_edges,
-    metropolis_hastings,
-    random_k_out,
-    random_regular,
-    ring,
-    spectral_gap,
-    uniform_neighbour_weights,
-    validate_mixing_matrix,
-)
-from .strategy import GossipStrategy
-from .trainer import DecentralizedTrainer, create_trainer, trainer_class_for
+from __future__ import annotations
 
-__all__ = [
-    "GOSSIP_KEY", "TOPOLOGIES", "DecentralizedTrainer", "GossipAggregator", "GossipStrategy", "MixingMatrix",
-    "Topology",
-    "create_trainer", "exponential", "fully_connected", "gossip_rows", "is_decentralized", "load_edges",
-    "metropolis_hastings", "random_k_out", "random_regular", "ring", "spectral_gap", "trainer_class_for",
-    "uniform_neighbour_weights", "validate_mixing_matrix",
-]
+from typing import TYPE_CHECKING
+
+from .._lazy import attach, exported_names
+from . import presets as _presets  # noqa: F401
+
+_EXPORTS = {
+    "..aggregators.gossip": ("GOSSIP_KEY", "GossipAggregator", "gossip_rows", "is_decentralized"),
+    "..aggregators.topology": (
+        "TOPOLOGIES", "MixingMatrix", "Topology", "exponential", "fully_connected", "load_edges",
+        "metropolis_hastings", "random_k_out", "random_regular", "ring", "spectral_gap",
+        "uniform_neighbour_weights", "validate_mixing_matrix",
+    ),
+    ".strategy": ("GossipStrategy",),
+    ".trainer": ("DecentralizedTrainer", "create_trainer", "trainer_class_for"),
+}
+__getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
+__all__ = exported_names(_EXPORTS)
+
+if TYPE_CHECKING:
+    from ..aggregators.gossip import GOSSIP_KEY, GossipAggregator, gossip_rows, is_decentralized
+    from ..aggregators.topology import (
+        TOPOLOGIES,
+        MixingMatrix,
+        Topology,
+        exponential,
+        fully_connected,
+        load_edges,
+        metropolis_hastings,
+        random_k_out,
+        random_regular,
+        ring,
+        spectral_gap,
+        uniform_neighbour_weights,
+        validate_mixing_matrix,
+    )
+    from .strategy import GossipStrategy
+    from .trainer import DecentralizedTrainer, create_trainer, trainer_class_for

@@ -1,20 +1,33 @@
 """The federated round loop and what it needs: the trainer, strategies, client training, the wire format,
-exchange, checkpoints, sampling, load balancing, callbacks."""
+exchange, checkpoints, sampling, load balancing, callbacks (each module loaded on first use)."""
 
-from .callbacks import FederatedCallback, PartitionFilesCallback, RoundReporter
-from .checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from .client import ClientStart, FailurePolicy, LocalTraining
-from .comm import FederatedProcessGroup, get_process_group, init_federated_process_group
-from .load_balance import ClientCostModel, assign_to_processes, local_work
-from .loop import FederatedTrainOutput, run_rounds
-from ..sampling import derive_seed, sample_clients
-from .strategy import ServerStrategy, Strategy
-from .trainer import FederatedTrainer, accuracy_metrics, local_training_arguments
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointError", "ClientCostModel", "ClientStart", "FailurePolicy", "FederatedCallback",
-    "FederatedProcessGroup", "FederatedTrainOutput", "FederatedTrainer", "LocalTraining", "PartitionFilesCallback",
-    "RoundReporter", "ServerStrategy", "Strategy", "accuracy_metrics", "assign_to_processes", "derive_seed",
-    "get_process_group", "init_federated_process_group", "list_checkpoints", "load_checkpoint",
-    "local_training_arguments", "local_work", "run_rounds", "sample_clients",
-]
+from typing import TYPE_CHECKING
+
+from .._lazy import attach, exported_names
+
+_EXPORTS = {
+    ".callbacks": ("FederatedCallback", "PartitionFilesCallback", "RoundReporter"),
+    ".checkpoint": ("CheckpointError", "list_checkpoints", "load_checkpoint"),
+    ".client": ("ClientStart", "FailurePolicy", "LocalTraining"),
+    ".comm": ("FederatedProcessGroup", "get_process_group", "init_federated_process_group"),
+    ".load_balance": ("ClientCostModel", "assign_to_processes", "local_work"),
+    ".loop": ("FederatedTrainOutput", "run_rounds"),
+    "..sampling": ("derive_seed", "sample_clients"),
+    ".strategy": ("ServerStrategy", "Strategy"),
+    ".trainer": ("FederatedTrainer", "accuracy_metrics", "local_training_arguments"),
+}
+__getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
+__all__ = exported_names(_EXPORTS)
+
+if TYPE_CHECKING:
+    from ..sampling import derive_seed, sample_clients
+    from .callbacks import FederatedCallback, PartitionFilesCallback, RoundReporter
+    from .checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+    from .client import ClientStart, FailurePolicy, LocalTraining
+    from .comm import FederatedProcessGroup, get_process_group, init_federated_process_group
+    from .load_balance import ClientCostModel, assign_to_processes, local_work
+    from .loop import FederatedTrainOutput, run_rounds
+    from .strategy import ServerStrategy, Strategy
+    from .trainer import FederatedTrainer, accuracy_metrics, local_training_arguments
