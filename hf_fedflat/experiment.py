@@ -116,8 +116,11 @@ def build_experiment(
     Shakespeare's roles) sets ``num_clients`` to their number. With ``push_to_hub`` a
     :class:`~hf_fedflat.hub.HubPushCallback` is added (unless one is given) with the dataset's card details.
     """
+    from .federation.callbacks import run_entries
     from .hub import HubPushCallback
+    from .io import refuse_symlinks_in
 
+    refuse_symlinks_in(args.output_dir, run_entries(args))  # a planted link: refused before data or model load
     if data_args.smoke and data_args.smoke_dir is None:
         data_args.smoke_dir = os.path.join(args.output_dir, "smoke_data")
     data = load_data(data_args, model_args, args.seed)
@@ -151,7 +154,8 @@ def build_experiment(
     extra = {k: v for k, v in (("processing_class", processing_class),
                                ("data_collator", getattr(data, "data_collator", None))) if v is not None}
     trainer = create_trainer(model, args, data.train, data.eval, partition=data.partition,
-                             label_column=data.label_column, callbacks=callbacks, lora_save=lora_save, **extra)
+                             label_column=data.label_column, callbacks=callbacks, lora_save=lora_save,
+                             drop_invalid_rows=data_args.drop_invalid_rows, **extra)
     trainer.model_card_kwargs = card_kwargs
     if data.mean and data.std:  # recorded in timm's pretrained_cfg of a timm-layout final model
         trainer.data_config = {"mean": tuple(data.mean), "std": tuple(data.std)}
