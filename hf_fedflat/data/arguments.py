@@ -59,6 +59,12 @@ class DataArguments:
         metadata={"help": "Generate a tiny local copy of the dataset in its real on-disk format (under "
                           "<output_dir>/smoke_data) and use it: a run of seconds, offline."},
     )
+    drop_invalid_rows: bool = field(
+        default=False,
+        metadata={"help": "Drop the rows whose labels or inputs do not fit the model (a label < 0 other than -100 or "
+                          ">= num_labels, every label -100, a NaN/Inf input; hf_fedflat.data.validation) instead of "
+                          "refusing the run; the counts are logged and recorded in data_validation.json."},
+    )
 
     def __post_init__(self):
         if not 0.0 < float(self.test_fraction) < 1.0:

@@ -82,6 +82,9 @@ class FederatedTrainer:
             ``push_to_hub``).
         lora_save: for a LoRA (peft) model, save the final model ``"merged"`` into the base weights or as the
             ``"adapter"`` (+ head) only.
+        drop_invalid_rows: rows whose labels or inputs do not fit the model (:mod:`hf_fedflat.data.validation`,
+            checked here, before any round) are dropped and counted (``self.input_report``) instead of refused
+            with an :class:`~hf_fedflat.data.validation.InvalidInputError`.
     """
 
     #: whether this trainer runs decentralized aggregators (gossip); see hf_fedflat.decentralized
@@ -101,10 +104,16 @@ class FederatedTrainer:
         processing_class=None,
         callbacks: list[FederatedCallback] | None = None,
         lora_save: str = "merged",
+        drop_invalid_rows: bool = False,
     ):
         self.args = args
         self.comm = get_process_group()
         self.algorithm = build_algorithm(args)
+        from ..data.validation import validate_inputs  # labels and inputs against the model, once
+
+        train_dataset, eval_dataset, partition, self.input_report = validate_inputs(
+            model, train_dataset, eval_dataset, label_column=label_column, partition=partition,
+            drop_invalid_rows=drop_invalid_rows)
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         if partition is None:
