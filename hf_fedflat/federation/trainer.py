@@ -75,8 +75,9 @@ class FederatedTrainer:
         partition: a precomputed :class:`~hf_fedflat.data.ClientPartition`; by default one is made from
             ``args`` (scheme, alpha, seed) on ``train_dataset``'s ``label_column``.
         label_column: column the partitioner reads labels from.
-        data_collator, compute_metrics, processing_class: as for ``transformers.Trainer``
-            (``compute_metrics`` defaults to accuracy).
+        data_collator, compute_metrics, processing_class, preprocess_logits_for_metrics: as for
+            ``transformers.Trainer`` (``compute_metrics`` defaults to accuracy; a causal LM's are
+            :mod:`hf_fedflat.metrics.language_modeling`).
         callbacks: :class:`FederatedCallback` instances (after the run's own: the partition files at the
             start, the model card at the end; a :class:`~hf_fedflat.hub.HubPushCallback` last with
             ``push_to_hub``).
@@ -102,6 +103,7 @@ class FederatedTrainer:
         data_collator=None,
         compute_metrics=accuracy_metrics,
         processing_class=None,
+        preprocess_logits_for_metrics=None,
         callbacks: list[FederatedCallback] | None = None,
         lora_save: str = "merged",
         drop_invalid_rows: bool = False,
@@ -154,6 +156,7 @@ class FederatedTrainer:
         self.client_trainer = ClientTrainer(
             model=model, args=local_training_arguments(args), data_collator=data_collator,
             compute_metrics=compute_metrics, processing_class=processing_class,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )
         if self.algorithm.aggregator.capabilities.decentralized and not self.supports_decentralized:
             raise ValueError(
