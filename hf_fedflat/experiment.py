@@ -152,7 +152,10 @@ def build_experiment(
     from .decentralized import create_trainer  # a server loop, or gossip for a decentralized aggregator
 
     extra = {k: v for k, v in (("processing_class", processing_class),
-                               ("data_collator", getattr(data, "data_collator", None))) if v is not None}
+                               ("data_collator", getattr(data, "data_collator", None)),
+                               ("compute_metrics", getattr(data, "compute_metrics", None)),
+                               ("preprocess_logits_for_metrics", getattr(data, "preprocess_logits_for_metrics", None)))
+             if v is not None}
     trainer = create_trainer(model, args, data.train, data.eval, partition=data.partition,
                              label_column=data.label_column, callbacks=callbacks, lora_save=lora_save,
                              drop_invalid_rows=data_args.drop_invalid_rows, **extra)

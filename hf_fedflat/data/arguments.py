@@ -21,8 +21,52 @@ class DataArguments:
 
     dataset_name: str = field(
         default="digits",
-        metadata={"help": "Dataset name: digits (scikit-learn, offline), mnist, fashion_mnist, cifar10, cifar100, "
-                          "officehome, domainnet, shakespeare (hf_fedflat.data.catalog)."},
+        metadata={"help": "A registered dataset: digits (scikit-learn, offline), mnist, fashion_mnist, cifar10, cifar100, "
+                          "officehome, domainnet, shakespeare (hf_fedflat.data.catalog); or any other dataset for a "
+                          "--model_name_or_path model: a Hub id (e.g. imdb, tatsu-lab/alpaca), a save_to_disk folder, "
+                          "or csv/json/jsonl/parquet files (a file or a folder with train.<ext>, test.<ext>)."},
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "Configuration of a Hub dataset (load_dataset's second argument)."}
+    )
+    train_split: str = field(default="train", metadata={"help": "Split the clients train on (Hub/local datasets)."})
+    eval_split: str | None = field(
+        default=None,
+        metadata={"help": "Split the global model is evaluated on (Hub/local datasets; default: test, else validation, "
+                          "else --test_fraction of the training split held out)."},
+    )
+    text_column: str | None = field(
+        default=None,
+        metadata={"help": "Text column (Hub/local datasets; default: text, sentence, content, review or document; "
+                          "'a,b' for sentence pairs). For a causal LM, plain text trained on every token."},
+    )
+    max_seq_length: int = field(
+        default=256, metadata={"help": "Tokens per example after truncation (padding is per batch, by the collator)."}
+    )
+    instruction_column: str = field(
+        default="instruction", metadata={"help": "Causal LM instruction data: the instruction column (Alpaca's)."}
+    )
+    input_column: str | None = field(
+        default="input", metadata={"help": "Causal LM instruction data: the optional input/context column."}
+    )
+    response_column: str = field(
+        default="output", metadata={"help": "Causal LM instruction data: the response column (the loss is on it only)."}
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "Causal LM instruction data: a str.format template over the columns, e.g. "
+                          "'Q: {instruction}\\nA: ' (default: Alpaca's, with or without its input part)."},
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep this many training rows (a seeded sample), for quick runs."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep this many evaluation rows (a seeded sample), for quick runs."}
+    )
+    partition_by: str | None = field(
+        default=None,
+        metadata={"help": "Natural-id partition: one client per value of this column (e.g. a user or speaker id; "
+                          "flwr-datasets' NaturalIdPartitioner); num_clients follows the data."},
     )
     dataset_path: str | None = field(
         default=None,
@@ -71,7 +115,11 @@ class DataArguments:
             raise ValueError(f"test_fraction: must be in (0, 1), got {self.test_fraction}.")
         if not isinstance(self.clients_per_domain, int) or self.clients_per_domain < 1:
             raise ValueError(f"clients_per_domain: must be an integer >= 1, got {self.clients_per_domain!r}.")
-        for name in ("max_clients", "max_samples_per_client"):
+        if not isinstance(self.max_seq_length, int) or self.max_seq_length < 2:
+            raise ValueError(f"max_seq_length: must be an integer >= 2, got {self.max_seq_length!r}.")
+        if self.partition_by is not None and not str(self.partition_by).strip():
+            raise ValueError("partition_by: empty; name a column (e.g. user_id) or leave it unset.")
+        for name in ("max_clients", "max_samples_per_client", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}: must be an integer >= 1 (or unset), got {value!r}.")
@@ -85,7 +133,9 @@ class PartitionArguments:
     partition_scheme: str = field(
         default="dirichlet",
         metadata={"help": "How the training data is split: iid, dirichlet (per class over clients), "
-                          "inner_dirichlet (equal sizes, per client over classes), pathological (k classes each)."},
+                          "inner_dirichlet (equal sizes, per client over classes), pathological (k classes each), "
+                          "linear / square / exponential (client sizes growing with the client id). iid and the size "
+                          "schemes need no label column. (--partition_by: one client per id instead.)"},
     )
     dirichlet_alpha: float = field(
         default=0.3, metadata={"help": "Concentration of the Dirichlet partitions (smaller = more heterogeneous)."}

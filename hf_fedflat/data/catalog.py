@@ -7,6 +7,7 @@
 | ``cifar10``, ``cifar100`` | ``uoft-cs/cifar10``, ``uoft-cs/cifar100`` | the partition arguments |
 | ``officehome``, ``domainnet`` | ``flwrlabs/office-home``; DomainNet: a local copy | leave-one-domain-out |
 | ``shakespeare`` | ``flwrlabs/shakespeare`` or the Gutenberg plays | one client per (play, role) |
+| any other name | a Hub id or a local path (:mod:`hf_fedflat.data.hf_datasets`), for ``--model_name_or_path`` | the partition arguments, or ``--partition_by`` |
 
 ``--smoke`` writes a tiny copy in the real on-disk format and loads it with the same code. A dataset is
 one loader registered with ``@register_dataset("name")``, returning a :class:`FederatedData`.
@@ -61,6 +62,10 @@ class FederatedData:
     processing_class: Any = None
     #: the Trainer's data_collator (e.g. padding per batch); None: the Trainer's default
     data_collator: Any = None
+    #: the Trainer's compute_metrics for this data's task (None: accuracy); a causal LM's perplexity and token accuracy
+    compute_metrics: Any = None
+    #: the Trainer's preprocess_logits_for_metrics (None: logits gathered whole); a causal LM's per-row token statistics
+    preprocess_logits_for_metrics: Any = None
 
 
 DatasetLoader = Callable[[DataArguments, ModelArguments, int], FederatedData]
@@ -97,14 +102,23 @@ def _load_digits(data_args: DataArguments, model_args: ModelArguments, seed: int
 
 
 def load_data(data_args: DataArguments, model_args: ModelArguments, seed: int) -> FederatedData:
-    """Load ``data_args.dataset_name`` through the registry."""
-    try:
-        loader = DATASETS[data_args.dataset_name]
-    except KeyError:
-        raise ValueError(
-            f"dataset_name: {data_args.dataset_name!r} is not a registered dataset. Available: "
-            f"{', '.join(list_datasets())} (add one with hf_fedflat.data.catalog.register_dataset)."
-        ) from None
+    """Load ``data_args.dataset_name`` through the registry; any other name is a Hub id or a local path, tokenized
+    for ``--model_name_or_path`` (:func:`hf_fedflat.data.hf_datasets.load_hf_dataset`)."""
+    loader = DATASETS.get(data_args.dataset_name)
+    if loader is None:
+        if model_args.model_name_or_path is None:
+            raise ValueError(
+                f"dataset_name: {data_args.dataset_name!r} is not a registered dataset (available: "
+                f"{', '.join(list_datasets())}; add one with hf_fedflat.data.catalog.register_dataset). A Hub id or a "
+                "local path (save_to_disk folder, csv/json/jsonl/parquet) is loaded for a transformers model: pass "
+                "--model_name_or_path too."
+            )
+        from .hf_datasets import load_hf_dataset
+
+        return load_hf_dataset(data_args, model_args, seed)
+    if data_args.partition_by:
+        raise ValueError(f"partition_by: applies to Hub/local datasets (--dataset_name <hub id or path>); "
+                         f"{data_args.dataset_name!r} is split by the partition arguments or by its own clients.")
     return loader(data_args, model_args, seed)
 
 

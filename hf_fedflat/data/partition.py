@@ -27,6 +27,11 @@ Schemes (``partition_dataset(..., scheme=...)``):
     Equal client sizes (dataset size split as evenly as possible); each client's class
     mix is drawn from ``Dir(alpha)`` over classes and filled sample by sample
     (FedDyn, Acar et al. 2021; used by FedSMOO).
+``"linear"``, ``"square"``, ``"exponential"``
+    Size-skewed clients (flwr's ``LinearPartitioner`` / ``SquarePartitioner`` / ``ExponentialPartitioner``:
+    client ``i``'s size proportional to ``i + 1``, ``(i + 1)^2``, ``e^i``) over rows shuffled with ``seed``.
+    Like ``"iid"`` they need no label column (a dataset without one, or with sequence labels as a language
+    model's, is counted as one class ``"all"``).
 ``"pathological"``
     Each client holds exactly ``classes_per_client`` classes; each class's rows are
     split evenly among the clients holding it (Li et al. 2021, NIID-Bench
@@ -50,8 +55,10 @@ import numpy as np
 from ..runtime.datasets import select_rows  # (re-exported: hf_fedflat.data.select_rows)
 
 __all__ = [
+    "LABEL_FREE_SCHEMES",
     "SCHEMES",
     "ClientPartition",
+    "natural_id_partition",
     "partition_dataset",
     "plot_partition_heatmap",
     "select_rows",
@@ -59,7 +66,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "inner_dirichlet", "pathological")
+SCHEMES: tuple[str, ...] = ("iid", "dirichlet", "inner_dirichlet", "pathological", "linear", "square", "exponential")
+#: schemes that split by rows only (a label column, when there is one, is just counted)
+LABEL_FREE_SCHEMES: tuple[str, ...] = ("iid", "linear", "square", "exponential")
+_SIZE_PARTITIONERS = {"linear": "LinearPartitioner", "square": "SquarePartitioner", "exponential": "ExponentialPartitioner"}
 
 _ROW = "__row__"
 _LABEL = "__label__"
@@ -275,6 +285,54 @@ def _read_labels(dataset: datasets.Dataset, label_column: str) -> tuple[np.ndarr
     return ids.astype(np.int64).reshape(-1), [str(u) for u in uniques]
 
 
+def _read_labels_if_any(dataset: datasets.Dataset, label_column: str) -> tuple[np.ndarray, list[str]]:
+    """Labels as :func:`_read_labels` when the column holds one scalar per row; otherwise (no such column, or
+    sequence labels as a language model's) every row in one class ``"all"``."""
+    feature = dataset.features.get(label_column)
+    if isinstance(feature, (datasets.ClassLabel, datasets.Value)):
+        return _read_labels(dataset, label_column)
+    return np.zeros(len(dataset), dtype=np.int64), ["all"]
+
+
+def natural_id_partition(dataset: datasets.Dataset, partition_by: str, *, label_column: str = "label") -> ClientPartition:
+    """One client per value of ``partition_by`` (a user, speaker or device id), with flwr-datasets'
+    ``NaturalIdPartitioner``: every row belongs to the client of its id, so the clients are complete and disjoint.
+
+    Clients are numbered in flwr's order (ids in order of first appearance); ``class_names`` count the label
+    column when it holds one scalar per row (else one class ``"all"``). ``scheme`` is ``"natural_id"``.
+
+    Raises:
+        ValueError: ``partition_by`` is not a column, or holds a missing (null) id.
+    """
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    if partition_by not in dataset.column_names:
+        raise ValueError(f"partition_by: {partition_by!r} is not a column of the dataset (columns: {dataset.column_names}).")
+    n = len(dataset)
+    if n == 0:
+        raise ValueError("dataset is empty: nothing to partition")
+    ids_column = dataset.select_columns([partition_by]).with_format(None)[partition_by]
+    ids_column = list(ids_column)
+    if any(v is None for v in ids_column):
+        raise ValueError(f"partition_by: {partition_by!r} has missing (null) ids; fill or drop those rows first.")
+    ids, class_names = _read_labels_if_any(dataset, label_column)
+    small = datasets.Dataset.from_dict({"__id__": [str(v) for v in ids_column], _ROW: np.arange(n, dtype=np.int64)})
+    partitioner = NaturalIdPartitioner(partition_by="__id__")
+    partitioner.dataset = small
+    client_indices = [np.sort(np.asarray(partitioner.load_partition(pid)[_ROW], dtype=np.int64))
+                      for pid in range(partitioner.num_partitions)]
+    owner = np.full(n, -1, dtype=np.int64)
+    for client, idx in enumerate(client_indices):
+        owner[idx] = client
+    if (owner < 0).any():  # flwr's contract; checked because a lost row would be silently untrained
+        raise RuntimeError(f"natural-id partition left {int((owner < 0).sum())} rows without a client")
+    num_clients = len(client_indices)
+    label_counts = np.bincount(owner * len(class_names) + ids, minlength=num_clients * len(class_names))
+    return ClientPartition(client_indices=client_indices,
+                           label_counts=label_counts.reshape(num_clients, len(class_names)), scheme="natural_id",
+                           alpha=None, seed=0, class_names=class_names, num_rows=n)
+
+
 def _check_int(name: str, value: Any, low: int, high: int | None, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an int, got {value!r}")
@@ -370,7 +428,7 @@ def partition_dataset(
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
 
-    ids, class_names = _read_labels(dataset, label_column)
+    ids, class_names = (_read_labels_if_any if scheme in LABEL_FREE_SCHEMES else _read_labels)(dataset, label_column)
     present = np.unique(ids)
     if scheme == "pathological":
         classes_per_client = _check_int(
@@ -383,7 +441,7 @@ def partition_dataset(
     # exactly range(num_unique)) and the original row id, nothing else.
     codes = np.searchsorted(present, ids).astype(np.int64)
     rows = np.arange(n, dtype=np.int64)
-    if scheme == "iid":
+    if scheme in LABEL_FREE_SCHEMES:  # flwr cuts contiguous slices: shuffle first
         rows = np.random.default_rng(seed).permutation(n).astype(np.int64)
         codes = codes[rows]
     small = datasets.Dataset.from_dict({_LABEL: codes, _ROW: rows}).with_format("numpy")
@@ -440,6 +498,10 @@ def _make_partitioner(
     # shuffle=False everywhere: it only reorders rows inside a client, which we sort anyway.
     if scheme == "iid":
         return IidPartitioner(num_partitions=num_clients)
+    if scheme in _SIZE_PARTITIONERS:
+        import flwr_datasets.partitioner as partitioners
+
+        return getattr(partitioners, _SIZE_PARTITIONERS[scheme])(num_partitions=num_clients)
     if scheme == "dirichlet":
         return DirichletPartitioner(
             num_partitions=num_clients, partition_by=_LABEL, alpha=float(alpha),
