@@ -183,7 +183,8 @@ def _client_id(rel: str) -> int | None:
 
 
 def _corrupt(path: Path, where: str, what: str) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"Checkpoint {path} is incomplete or corrupt: {where}: {what}")
+    """``"Checkpoint <path> is incomplete or corrupt: <file[: tensor or field]> <what>"``."""
+    return CorruptCheckpointError(f"Checkpoint {path} is incomplete or corrupt: {where} {what}")
 
 
 def _read_json(path: Path, rel: str) -> dict:
@@ -211,31 +212,31 @@ def verify_files(path: str | os.PathLike) -> dict:
             f"{FORMAT_VERSION}). Resume from another round-<k> folder."))
     manifest = _read_json(path, MANIFEST_FILE)
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise _corrupt(path, MANIFEST_FILE, f"format_version is {manifest.get('format_version')!r}, "
-                                            f"expected {FORMAT_VERSION}.")
+        raise _corrupt(path, f"{MANIFEST_FILE}: field 'format_version'",
+                       f"is {manifest.get('format_version')!r}, expected {FORMAT_VERSION}.")
     listed, tensors = manifest.get("files"), manifest.get("tensors")
-    if not isinstance(listed, dict) or not isinstance(tensors, dict) or not isinstance(manifest.get("client_ids"), list):
+    if not (isinstance(listed, dict) and isinstance(tensors, dict) and isinstance(manifest.get("client_ids"), list)):
         raise _corrupt(path, MANIFEST_FILE, "lacks its 'files', 'tensors' or 'client_ids' table.")
     for required in (STATE_FILE, PARAMS_FILE, SERVER_FILE):
         if required not in listed:
             raise _corrupt(path, MANIFEST_FILE, f"does not list {required}.")
     files, odd = _entries(path)
-    for rel in odd:
-        raise _corrupt(path, rel, "is not a regular file or folder of a checkpoint (a symlink or a stray folder).")
+    if odd:
+        raise _corrupt(path, odd[0], "is not a regular file or folder of a checkpoint (a symlink or a stray folder).")
     present = set(files) - {MANIFEST_FILE}
-    for rel in sorted(set(listed) - present):
-        raise _corrupt(path, rel, f"is missing ({MANIFEST_FILE} lists it: the file was deleted or moved).")
-    for rel in sorted(present - set(listed)):
-        raise _corrupt(path, rel, f"is not part of the checkpoint ({MANIFEST_FILE} does not list it): a file added "
-                                  "after the checkpoint was written.")
+    if missing := sorted(set(listed) - present):
+        raise _corrupt(path, missing[0], f"is missing ({MANIFEST_FILE} lists it: the file was deleted or moved).")
+    if unexpected := sorted(present - set(listed)):
+        raise _corrupt(path, unexpected[0], f"is not part of the checkpoint ({MANIFEST_FILE} does not list it): a "
+                                            "file added after the checkpoint was written.")
     for rel in sorted(listed):
-        entry = listed[rel]
+        entry = listed[rel] if isinstance(listed[rel], dict) else {}
         size = (path / rel).stat().st_size
-        if not isinstance(entry, dict) or size != entry.get("size"):
-            raise _corrupt(path, rel, f"has {size} bytes, {MANIFEST_FILE} says {entry.get('size') if isinstance(entry, dict) else entry!r} "
-                                      "(truncated or extended after it was written).")
+        if size != entry.get("size"):
+            raise _corrupt(path, rel, f"has {size} bytes, {MANIFEST_FILE} says {entry.get('size')} (truncated or "
+                                      "extended after it was written).")
         if _sha256(path / rel) != entry.get("sha256"):
-            raise _corrupt(path, rel, f"its SHA-256 differs from the one in {MANIFEST_FILE}: the file changed "
+            raise _corrupt(path, rel, f"has a SHA-256 that differs from the one in {MANIFEST_FILE}: the file changed "
                                       "after the checkpoint was written (e.g. a flipped bit).")
         if rel.endswith(".safetensors"):
             try:
@@ -243,7 +244,7 @@ def verify_files(path: str | os.PathLike) -> dict:
             except (OSError, ValueError, KeyError, TypeError) as error:
                 raise _corrupt(path, rel, f"is not a safetensors file ({error}).") from None
             if table != tensors.get(rel):
-                raise _corrupt(path, rel, f"its tensors' dtypes and shapes differ from {MANIFEST_FILE}'s.")
+                raise _corrupt(path, rel, f"has tensor dtypes or shapes that differ from {MANIFEST_FILE}'s.")
     client_ids = sorted(cid for rel in listed if (cid := _client_id(rel)) is not None)
     if manifest["client_ids"] != client_ids:
         raise _corrupt(path, MANIFEST_FILE, f"lists clients with state {manifest['client_ids']}, the files under "
@@ -263,8 +264,8 @@ def load_tensors(path: Path, rel: str) -> dict[str, torch.Tensor]:
     for name, tensor in tensors.items():
         if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
             bad = (~torch.isfinite(tensor)).reshape(-1).nonzero()
-            raise _corrupt(path, f"{rel}: tensor {name!r}", f"has {bad.numel()} NaN/Inf value(s) (first at flat "
-                                                            f"index {int(bad[0])}); every checkpointed tensor is finite.")
+            raise _corrupt(path, f"{rel}: tensor {name!r}", f"has {bad.numel()} NaN/Inf value(s) (first at flat index "
+                                                            f"{int(bad[0])}); every checkpointed tensor is finite.")
     return tensors
 
 
@@ -284,7 +285,8 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     manifest = verify_files(path)
     meta = _read_json(path, STATE_FILE)
     if meta.get("format_version") != FORMAT_VERSION:
-        raise _corrupt(path, STATE_FILE, f"format_version is {meta.get('format_version')!r}, expected {FORMAT_VERSION}.")
+        raise _corrupt(path, f"{STATE_FILE}: field 'format_version'",
+                       f"is {meta.get('format_version')!r}, expected {FORMAT_VERSION}.")
     for name, kind in (("fingerprint", dict), ("settings", dict), ("history", list), ("config_changes", list)):
         if not isinstance(meta.get(name), kind):
             raise _corrupt(path, f"{STATE_FILE}: field {name!r}", f"is missing or not a {kind.__name__} (every "
