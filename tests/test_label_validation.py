@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_fedflat import FedTrainingArguments, FederatedTrainer
+from hf_fedflat import FedTrainingArguments, FederatedCallback, FederatedTrainer
 from hf_fedflat.data.validation import (
     InvalidInputError,
     model_label_space,
@@ -56,7 +56,7 @@ def args(tmp_path, **overrides):
     return FedTrainingArguments(**settings)
 
 
-class NoRounds:
+class NoRounds(FederatedCallback):
     """A callback that fails the test if a round starts."""
 
     def on_round_begin(self, trainer, *a, **k):  # pragma: no cover - must not run
