@@ -134,8 +134,8 @@ class PartitionArguments:
         default="dirichlet",
         metadata={"help": "How the training data is split: iid, dirichlet (per class over clients), "
                           "inner_dirichlet (equal sizes, per client over classes), pathological (k classes each), "
-                          "linear / square / exponential (client sizes growing with the client id). iid and the size "
-                          "schemes need no label column. (--partition_by: one client per id instead.)"},
+                          "linear (client i's size proportional to i + 1). iid and linear need no label column. "
+                          "(--partition_by: one client per id instead.)"},
     )
     dirichlet_alpha: float = field(
         default=0.3, metadata={"help": "Concentration of the Dirichlet partitions (smaller = more heterogeneous)."}

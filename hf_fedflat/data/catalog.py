@@ -115,7 +115,7 @@ def load_data(data_args: DataArguments, model_args: ModelArguments, seed: int) -
             )
         from .hf_datasets import load_hf_dataset
 
-        return load_hf_dataset(data_args, model_args, seed)
+        return FederatedData(**load_hf_dataset(data_args, model_args, seed))
     if data_args.partition_by:
         raise ValueError(f"partition_by: applies to Hub/local datasets (--dataset_name <hub id or path>); "
                          f"{data_args.dataset_name!r} is split by the partition arguments or by its own clients.")

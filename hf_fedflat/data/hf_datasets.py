@@ -366,14 +366,15 @@ def _data_task(model_args: ModelArguments, dataset: datasets.Dataset, data_args:
     return resolve_task(model_args, guess)
 
 
-def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: int, *, processing_class=None):
+def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: int, *,
+                    processing_class=None) -> dict[str, Any]:
     """``--dataset_name`` as a Hub id or a local path, tokenized for ``--model_name_or_path``'s task.
 
-    Returns a :class:`~hf_fedflat.data.catalog.FederatedData` with ``processing_class`` (the tokenizer),
+    Returns the fields of a :class:`~hf_fedflat.data.catalog.FederatedData` (``load_data`` builds it) with
+    ``processing_class`` (the tokenizer),
     ``data_collator``, ``label_names`` (classification), the metrics of the task (causal LM: perplexity and
     token accuracy) and, with ``--partition_by``, the natural-id partition.
     """
-    from .catalog import FederatedData
     from .partition import natural_id_partition
 
     raw = load_raw_dataset(data_args.dataset_name, data_args.dataset_config_name)
@@ -452,6 +453,6 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
                 source, task)
     hub_id = None if os.path.exists(os.path.expanduser(data_args.dataset_name)) else data_args.dataset_name
     name = os.path.basename(os.path.normpath(data_args.dataset_name)) if hub_id is None else hub_id
-    return FederatedData(name=name, train=train, eval=test, num_classes=num_classes, in_chans=0, label_column="labels",
-                         hub_id=hub_id, task=task, partition=partition, label_names=label_names,
-                         processing_class=tokenizer, data_collator=collator, **metrics)
+    return dict(name=name, train=train, eval=test, num_classes=num_classes, in_chans=0, label_column="labels",
+                hub_id=hub_id, task=task, partition=partition, label_names=label_names, processing_class=tokenizer,
+                data_collator=collator, **metrics)
