@@ -144,7 +144,7 @@ def build_experiment(
         model = apply_lora(model, lora_args, task=task if model_args.model_name_or_path else None)
         lora_save = lora_args.lora_save
     card_kwargs = {"dataset_name": data.name, "dataset_id": data.hub_id, "base_model": _base_model(model_args, model),
-                   "task": task}
+                   "task": task, "license": model_args.license}
     callbacks = list(callbacks or [])
     if getattr(args, "push_to_hub", False) and not any(isinstance(c, HubPushCallback) for c in callbacks):
         data_config = {"mean": data.mean, "std": data.std} if data.mean and data.std else None

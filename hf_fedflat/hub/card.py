@@ -39,6 +39,7 @@ __all__ = [
     "card_inputs_from_trainer",
     "detect_layout",
     "model_card_from_trainer",
+    "pipeline_tag",
     "select_table_rows",
     "write_model_card",
     "write_model_card_for_trainer",
@@ -320,7 +321,13 @@ def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence
     lr_text = f"{_hp(lr)}" + (f" x {_hp(decay)}^round" if decay not in (None, 1, 1.0) else " (constant across rounds)")
     batch = _get(args, "per_device_train_batch_size")
     accumulation = _get(args, "gradient_accumulation_steps", 1)
-    optimizer = [f"`{_hp(_get(args, 'optim'))}`" if _get(args, "optim") else None, f"lr {lr_text}",
+    optim = _hp(_get(args, "optim")) if _get(args, "optim") else None
+    optim_args = _get(args, "optim_args")
+    betas = (f"betas ({_hp(_get(args, 'adam_beta1'))}, {_hp(_get(args, 'adam_beta2'))}), eps {_hp(_get(args, 'adam_epsilon'))}"
+             if optim and "adam" in optim and _get(args, "adam_beta1") is not None else None)
+    optimizer = [f"`{optim}`" if optim else None,
+                 (f"optim_args `{optim_args}`" if optim_args else
+                  "no momentum (plain SGD)" if optim == "sgd" else None), betas, f"lr {lr_text}",
                  f"batch size {batch}" + (f" x {accumulation} accumulation steps" if accumulation and accumulation > 1 else ""),
                  f"gradient clipping at norm {_hp(_get(args, 'max_grad_norm'))}" if _get(args, "max_grad_norm") else None,
                  f"weight decay {_hp(_get(args, 'weight_decay'))}" if _get(args, "weight_decay") else None]
@@ -336,9 +343,51 @@ def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence
     return rows
 
 
-def _loading_section(layout: str, repo: str | None, model_config: Mapping[str, Any] | None) -> str:
+_FEDFLAT_MODEL_TYPES = {"hf_fedflat_classifier": ("FedFlatImageClassifier", "AutoModelForImageClassification"),
+                         "hf_fedflat_char_lstm": ("CharLSTMModel", "AutoModelForSequenceClassification"),
+                         "hf_fedflat_char_transformer": ("CharTransformerModel", "AutoModelForSequenceClassification")}
+_TASK_AUTO = {"image-classification": "AutoModelForImageClassification",
+              "text-classification": "AutoModelForSequenceClassification",
+              "token-classification": "AutoModelForTokenClassification",
+              "causal-lm": "AutoModelForCausalLM", "text-generation": "AutoModelForCausalLM"}
+_TASK_PEFT = {"text-classification": "AutoPeftModelForSequenceClassification",
+              "token-classification": "AutoPeftModelForTokenClassification",
+              "causal-lm": "AutoPeftModelForCausalLM", "text-generation": "AutoPeftModelForCausalLM"}
+_TASK_EXAMPLE = {"text-classification": ('classifier = pipeline("text-classification", model=model, tokenizer=tokenizer)',
+                                         'print(classifier("a great movie"))'),
+                 "token-classification": ('tagger = pipeline("token-classification", model=model, tokenizer=tokenizer)',
+                                          'print(tagger("a great movie"))'),
+                 "causal-lm": ('generator = pipeline("text-generation", model=model, tokenizer=tokenizer)',
+                               'print(generator("a great", max_new_tokens=8)[0]["generated_text"])')}
+_TASK_EXAMPLE["text-generation"] = _TASK_EXAMPLE["causal-lm"]
+
+
+def pipeline_tag(task: str | None) -> str | None:
+    """The Hub ``pipeline_tag`` of a run's task (``causal-lm`` -> ``text-generation``; others as they are)."""
+    return {"causal-lm": "text-generation"}.get(task, task) if task else None
+
+
+def _transformers_snippet(ref: str, task: str | None, model_config: Mapping[str, Any]) -> str:
+    """Loading a plain transformers model (from ``--model_name_or_path``) with its Auto class and ``pipeline``."""
+    auto = _TASK_AUTO.get(task or "", "AutoModel")
+    lines = ["A standard `transformers` model: no hf_fedflat needed to use it.", "", "```python"]
+    if task == "image-classification":
+        lines += [f"from transformers import {auto}, AutoImageProcessor, pipeline",
+                  f'model = {auto}.from_pretrained("{ref}")',
+                  f'processor = AutoImageProcessor.from_pretrained("{ref}")',
+                  'classifier = pipeline("image-classification", model=model, image_processor=processor)']
+    else:
+        lines += [f"from transformers import {auto}, AutoTokenizer, pipeline",
+                  f'model = {auto}.from_pretrained("{ref}")',
+                  f'tokenizer = AutoTokenizer.from_pretrained("{ref}")', *_TASK_EXAMPLE.get(task or "", ())]
+    return "\n".join([*lines, "```"])
+
+
+def _loading_section(layout: str, repo: str | None, model_config: Mapping[str, Any] | None,
+                     task: str | None = None) -> str:
     ref = repo or "<user>/<repo>"
     local = "path/to/this/folder"
+    model_type = (model_config or {}).get("model_type")
     if layout == "timm":
         return "\n".join([
             "The repository root is in timm's format; the same weights in hf_fedflat's format are in "
@@ -359,6 +408,38 @@ def _loading_section(layout: str, repo: str | None, model_config: Mapping[str, A
             f'# local copy: load_model("{local}/{FEDFLAT_SUBFOLDER}")',
             "```",
         ])
+    if layout == "peft" and task in ("causal-lm", "text-generation"):
+        return "\n".join([
+            "This folder holds a LoRA adapter; peft loads its base model (`base_model_name_or_path` in "
+            "`adapter_config.json`) and puts the adapter on it.",
+            "",
+            "```python",
+            "from peft import AutoPeftModelForCausalLM",
+            "from transformers import AutoTokenizer, pipeline",
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{ref}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{ref}")',
+            *_TASK_EXAMPLE[task],
+            "```",
+        ])
+    if layout == "peft" and task in _TASK_AUTO and model_type not in _FEDFLAT_MODEL_TYPES:
+        auto = _TASK_AUTO[task]
+        return "\n".join([
+            "This folder holds a LoRA adapter and the trained head; `config.json` has the trained labels. Load the "
+            "base model (`base_model_name_or_path` in `adapter_config.json`) with that config, then the adapter.",
+            "",
+            "```python",
+            "from peft import PeftConfig, PeftModel",
+            f"from transformers import AutoConfig, {auto}, AutoTokenizer, pipeline",
+            f'config = AutoConfig.from_pretrained("{ref}")',
+            f'base = {auto}.from_pretrained(PeftConfig.from_pretrained("{ref}").base_model_name_or_path, '
+            "config=config, ignore_mismatched_sizes=True)",
+            f'model = PeftModel.from_pretrained(base, "{ref}").eval()',
+            f'tokenizer = AutoTokenizer.from_pretrained("{ref}")' if task != "image-classification" else
+            f'processor = AutoImageProcessor.from_pretrained("{ref}")',
+            *_TASK_EXAMPLE.get(task, ()),
+            "```",
+        ]).replace(f"{auto}, AutoTokenizer", f"{auto}, AutoImageProcessor" if task == "image-classification"
+                   else f"{auto}, AutoTokenizer")
     if layout == "peft":
         return "\n".join([
             "This folder holds a LoRA adapter (and the trained head); load it on top of its base model.",
@@ -371,16 +452,19 @@ def _loading_section(layout: str, repo: str | None, model_config: Mapping[str, A
             f'model = PeftModel.from_pretrained(base, "{ref}")',
             "```",
         ])
+    if model_type and model_type not in _FEDFLAT_MODEL_TYPES:
+        return _transformers_snippet(ref, task, model_config or {})
+    class_name, auto = _FEDFLAT_MODEL_TYPES.get(model_type, _FEDFLAT_MODEL_TYPES["hf_fedflat_classifier"])
     architecture = (model_config or {}).get("architecture")
     lines = [
-        "The model is a `FedFlatImageClassifier` (a `transformers.PreTrainedModel`"
+        f"The model is a `{class_name}` (a `transformers.PreTrainedModel`"
         + (f" around `{architecture}`" if architecture else "") + "); importing `hf_fedflat.models` registers it "
         "with the Auto classes.",
         "",
         "```python",
         "import hf_fedflat.models  # registers the model type",
-        "from transformers import AutoModelForImageClassification",
-        f'model = AutoModelForImageClassification.from_pretrained("{ref}")',
+        f"from transformers import {auto}",
+        f'model = {auto}.from_pretrained("{ref}")',
         "",
         "# or, from a local copy",
         "from hf_fedflat.models import load_model",
@@ -429,8 +513,10 @@ def build_model_card(
         model_name: title and ``model-index`` name (default: the repo name, else ``federated-model``).
         layout: one of :data:`LAYOUTS`: how the folder is organised (decides the loading snippets).
         images: alt text -> path relative to the card, embedded in order.
-        task: task type of the results (``image-classification``).
-        license: license identifier for the metadata.
+        task: the run's task (``image-classification``, ``text-classification``, ``token-classification``,
+            ``causal-lm``): the ``pipeline_tag`` (``causal-lm`` -> ``text-generation``), the results' task type and
+            the loading snippet (Auto class, ``pipeline``).
+        license: license identifier for the metadata (``--license``).
         tags: extra tags (``federated-learning``, ``hf-fedflat`` and the algorithm's name are always there).
         max_table_rows: the per-round table shows every round up to this many, else a selection
             (see :func:`select_table_rows`).
@@ -452,7 +538,7 @@ def build_model_card(
     partition = _partition_object(partition)
     final = _final_metrics(records)
     algorithm_name = str(info.get("name") or "federated")
-    architecture = (model_config or {}).get("architecture")
+    architecture = (model_config or {}).get("architecture") or ((model_config or {}).get("architectures") or [None])[0]
     name = model_name or (repo_id.split("/")[-1] if repo_id else
                           "-".join(str(p) for p in (dataset_name, architecture, algorithm_name) if p))
 
@@ -466,7 +552,7 @@ def build_model_card(
     eval_results = None
     if dataset_name and "final_eval_accuracy" in final:
         eval_results = [EvalResult(
-            task_type=task, dataset_type=dataset_id or dataset_name, dataset_name=dataset_name,
+            task_type=pipeline_tag(task), dataset_type=dataset_id or dataset_name, dataset_name=dataset_name,
             dataset_split="test", metric_type="accuracy", metric_name="final accuracy",
             metric_value=round(final["final_eval_accuracy"], 6),
         )]
@@ -474,7 +560,7 @@ def build_model_card(
     data = ModelCardData(
         library_name=library, tags=all_tags, datasets=[dataset_id] if dataset_id else None,
         metrics=["accuracy"] if "final_eval_accuracy" in final else None, base_model=base_model,
-        license=license, model_name=name, eval_results=eval_results, pipeline_tag=task,
+        license=license, model_name=name, eval_results=eval_results, pipeline_tag=pipeline_tag(task),
     )
 
     dataset_text = f" on {dataset_name}" if dataset_name else ""
@@ -513,7 +599,7 @@ def build_model_card(
         for alt, path in images.items():
             sections += [f"![{alt}]({Path(path).as_posix()})", ""]
         sections.pop()
-    sections += ["", "## How to load", "", _loading_section(layout, repo_id, model_config)]
+    sections += ["", "## How to load", "", _loading_section(layout, repo_id, model_config, task)]
     sections += ["", "## Reproduce", "", "Install `hf_fedflat` and run the same configuration, e.g. "
                  "`hf-fedflat train --config run.yaml` with the settings above; `federated_config.json` "
                  "holds the algorithm and partition of this run."]

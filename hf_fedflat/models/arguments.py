@@ -56,6 +56,12 @@ class ModelArguments:
         metadata={"help": "Hub id of the starting weights, for the model card (default: timm's id when pretrained)."},
     )
 
+    license: str | None = field(
+        default=None,
+        metadata={"help": "License of the trained model for its card's metadata (a Hub license id, e.g. apache-2.0, "
+                          "mit; it should allow what the base model's and the data's licenses allow)."},
+    )
+
     def __post_init__(self):
         if not isinstance(self.image_size, int) or self.image_size < 1:
             raise ValueError(f"image_size: must be an integer >= 1, got {self.image_size!r}.")

@@ -375,6 +375,11 @@ def save_federated_model(model: nn.Module, directory: str | os.PathLike, lora_sa
         return directory
     if lora_save == "adapter":
         model.save_pretrained(directory)
+        # The trained model's config (its id2label / num_labels) beside the adapter: the base checkpoint's config
+        # says nothing about the head trained here. The adapter files decide how the folder loads.
+        config = getattr(model.get_base_model(), "config", None)
+        if config is not None and hasattr(config, "save_pretrained"):
+            config.save_pretrained(directory)
         return directory
     # Merge on a copy: merge_and_unload() rewrites the live model in place, and unmerging by
     # subtraction would not restore the frozen weights bit for bit.
