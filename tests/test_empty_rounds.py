@@ -72,6 +72,17 @@ def zero_steps(trainer):  # a client whose Trainer ran no optimizer step: its "u
     trainer.train_client = faulty
 
 
+def nan_loss(trainer):  # a finite update from a NaN loss (mixed precision skipped every step)
+    original = trainer.train_client
+
+    def faulty(*args, **kwargs):
+        update = original(*args, **kwargs)
+        update.train_loss = float("nan")
+        return update
+
+    trainer.train_client = faulty
+
+
 def raising(trainer):
     def faulty(client_id, *args, **kwargs):
         raise RuntimeError(f"disk on fire at client {client_id}")
@@ -113,6 +124,7 @@ CASES = {
     "drop_last, batch > every client": (dict(dataloader_drop_last=True, per_device_train_batch_size=64), None,
                                         "24 rows, fewer than one batch of 64 with dataloader_drop_last"),
     "zero optimizer steps": ({}, zero_steps, "trained 0 optimizer steps"),
+    "NaN training loss": ({}, nan_loss, "training loss is nan"),
     "every client raises": ({}, raising, "training raised RuntimeError: disk on fire"),
     "fedadam server_tau 0": (dict(fed_algorithm="fedadam", server_tau=0.0), None,
                              "non-finite server step: params has NaN or Inf"),

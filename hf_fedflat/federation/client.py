@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -117,8 +118,9 @@ class LocalTraining:
     def train_safely(self, train: Callable[..., ClientUpdate], client_id: int, round_index: int,
                      learning_rate: float, start: ClientStart) -> tuple[ClientUpdate | None, str | None]:
         """``(update, None)``, or ``(None, reason)`` for a client that must not be aggregated: its training
-        raised, its update is not finite or its norm exceeds ``max_update_norm``, or it has no data (with
-        ``dataloader_drop_last``: not one full batch). ``train`` is the trainer's ``train_client``."""
+        raised, it ran no optimizer step, its loss or update is not finite or the update's norm exceeds
+        ``max_update_norm``, or it has no data (with ``dataloader_drop_last``: not one full batch). ``train`` is
+        the trainer's ``train_client``."""
         if self.client_sizes[client_id] == 0:
             return None, "empty dataset: skipped"
         if self.local_work(client_id)[0] == 0:  # only with drop_last: no full batch, nothing to train on
@@ -131,14 +133,16 @@ class LocalTraining:
             logger.warning("Round %d: client %d raised during local training", round_index + 1, client_id,
                            exc_info=True)
             return None, f"training raised {type(error).__name__}: {error}"
-        # What the client received (w^t, the broadcast, its stored state) is finite already: a piece handing one
-        # back as its new state (LESAM's w_old_i is w^t) costs no second pass over it per client.
         if update.num_steps <= 0:  # trained nothing: its "update" is the model it received
             return None, f"trained {update.num_steps} optimizer steps: nothing to aggregate"
+        # What the client received (w^t, the broadcast, its stored state) is finite already: a piece handing one
+        # back as its new state (LESAM's w_old_i is w^t) costs no second pass over it per client.
         received = {_memory_of(t) for t in _tensors_in(inputs)}
         tensors = [update.delta, *(t for part in (update.messages, update.state) for d in part.values() for t in d.values())]
         if not all_finite([t for t in tensors if _memory_of(t) not in received]):
             return None, "update contains NaN or Inf"
+        if not math.isfinite(update.train_loss):  # (e.g. mixed precision skipped every step of a NaN loss)
+            return None, f"training loss is {update.train_loss}"
         limit = self.args.max_update_norm
         if limit is not None:
             norm = float(torch.linalg.vector_norm(update.delta))
