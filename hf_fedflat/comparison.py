@@ -8,6 +8,7 @@ target accuracy, seconds per round and its ratio to FedAvg, gradient passes per 
 from __future__ import annotations
 
 import csv
+import io
 import os
 from typing import Any, Callable
 
@@ -115,12 +116,14 @@ def write_comparison(rows: list[dict], histories: dict[str, list[dict]], output_
     os.makedirs(output_dir, exist_ok=True)
     paths = {"markdown": os.path.join(output_dir, "results.md"), "csv": os.path.join(output_dir, "results.csv"),
              "plot": os.path.join(output_dir, "accuracy_curves.png")}
-    with open(paths["markdown"], "w") as handle:
-        handle.write(format_markdown(rows) + "\n")
-    with open(paths["csv"], "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[key for key, _, _ in COLUMNS])
-        writer.writeheader()
-        writer.writerows([{key: row.get(key) for key, _, _ in COLUMNS} for row in rows])
+    from .io import atomic_write_text  # never through a symbolic link at the path
+
+    atomic_write_text(format_markdown(rows) + "\n", paths["markdown"], durable=False)
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=[key for key, _, _ in COLUMNS])
+    writer.writeheader()
+    writer.writerows([{key: row.get(key) for key, _, _ in COLUMNS} for row in rows])
+    atomic_write_text(table.getvalue(), paths["csv"], durable=False, newline="")
     if any(any("eval_accuracy" in r for r in h) for h in histories.values()):
         plot_comparison(histories, paths["plot"], "eval_accuracy", title="Test accuracy of the global model")
     return paths

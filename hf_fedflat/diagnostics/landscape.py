@@ -122,6 +122,10 @@ def plot_loss_surface(surface: dict, path: str, title: str = "Loss surface") -> 
     ax.set_ylabel("direction 2 (filter-normalised)")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from ..io import atomic_savefig  # never through a symbolic link at path
+
+    try:
+        atomic_savefig(fig, path, dpi=110)
+    finally:
+        plt.close(fig)
     return path
