@@ -326,6 +326,9 @@ class FedTrainingArguments(TrainingArguments):
                  f"(perturbation={pieces[0].name!r}). Drop it from diagnostics or pick a perturbation (sam, lesam, ...).")
         if self.topology == "graph" and self.topology_edges:
             self._check_graph_connected()
+        from .algorithms.optimizers import check_optimizer_compatibility  # pieces that assume plain SGD
+
+        check_optimizer_compatibility(pieces, self.optim, self.optim_args)
 
     def _check_graph_connected(self) -> None:
         """A gossip graph in several pieces (spectral gap 0) never reaches consensus: refuse it now."""

@@ -20,6 +20,13 @@ class FedNovaAggregator(Aggregator):
     """
 
     name = "fednova"
+    #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
+    assumes_plain_sgd = True
+    plain_sgd_policy = "warn"
+    plain_sgd_reason = (
+        "its normalizer a_i is the number of local steps, FedNova's a_i for plain SGD; with momentum rho the "
+        "paper's a_i is (K - rho(1-rho^K)/(1-rho))/(1-rho), and adaptive optimizers have none"
+    )
     config_class = MeanConfig
 
     def aggregate(

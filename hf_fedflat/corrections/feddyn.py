@@ -30,6 +30,13 @@ class FedDynCorrection(Correction):
     """
 
     name = "feddyn"
+    #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
+    assumes_plain_sgd = True
+    plain_sgd_policy = "warn"
+    plain_sgd_reason = (
+        "h_i += w_i - w^t equals -grad L_i(w_i)/alpha only at the local objective's stationary point, which "
+        "the paper reaches with plain SGD; other optimizers stop elsewhere after K steps and h_i drifts"
+    )
     config_class = FedDynConfig
 
     def begin(self, ctx: ClientContext) -> dict[str, Tensor]:

@@ -39,6 +39,12 @@ class FedUpCorrection(Correction):
     """
 
     name = "fedup"
+    #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
+    assumes_plain_sgd = True
+    plain_sgd_policy = "warn"
+    plain_sgd_reason = (
+        "the (alpha/eta)(w^{t-1} - w^t) term takes the local learning rate as the SGD step size of the bound"
+    )
     config_class = FedUpConfig
     run_settings = ("learning_rate",)
 

@@ -40,6 +40,13 @@ class MomentumCorrection(Correction):
     """
 
     name = "momentum"
+    #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
+    assumes_plain_sgd = True
+    plain_sgd_policy = "warn"
+    plain_sgd_reason = (
+        "m = -(sum_i p_i Delta_i)/(K*eta) is the mean local gradient only under plain SGD; with momentum it "
+        "is inflated ~1/(1-beta) and with Adam it is not a gradient at all"
+    )
     config_class = MomentumConfig
 
     def begin(self, ctx: ClientContext) -> Tensor | None:

@@ -49,6 +49,14 @@ class ScaffoldCorrection(Correction):
     """
 
     name = "scaffold"
+    #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
+    assumes_plain_sgd = True
+    plain_sgd_policy = "error"
+    plain_sgd_reason = (
+        "c_i+ = c_i - c + (w^t - w_i)/(K*eta) is the mean corrected local gradient only when every step is w "
+        "-= eta*d; with momentum or Adam the control variates are mis-scaled and the run does not learn "
+        "(digits Dir(0.1): 0.10-0.19 accuracy with SGD momentum 0.9 over 3 seeds, 0.78 without)"
+    )
     config_class = ScaffoldConfig
 
     def begin(self, ctx: ClientContext) -> dict[str, Tensor]:
