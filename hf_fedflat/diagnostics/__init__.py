@@ -15,5 +15,11 @@ __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
 __all__ = exported_names(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .landscape import filter_normalized_direction, global_sharpness, loss_and_gradient, loss_surface, plot_loss_surface
+    from .landscape import (
+        filter_normalized_direction,
+        global_sharpness,
+        loss_and_gradient,
+        loss_surface,
+        plot_loss_surface,
+    )
     from .run import RunDiagnostics, tensor_bytes

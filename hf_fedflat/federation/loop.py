@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -44,9 +44,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class FederatedTrainOutput:
+    """What ``FederatedTrainer.train()`` returns: the final global weights (flat), the per-round records, the
+    saved model's folder, and ``transformers.TrainOutput``'s fields (a round is a step; filled by the trainer,
+    see :func:`~hf_fedflat.federation.trainer_api.train_metrics`)."""
+
     params: torch.Tensor
     history: list[dict]
     final_model_dir: str | None
+    global_step: int = 0
+    training_loss: float = float("nan")
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def aggregation_weights(updates, scheme: str) -> torch.Tensor:
@@ -200,8 +207,8 @@ def _apply(trainer, round_index: int, learning_rate: float, updates, failures: d
         model = strategy.model()
         params, buffers = model["params"], model.get("buffers")
         if trainer.eval_dataset is not None:
-            record.update(trainer.evaluate(params, buffers=buffers))
-            record.update(strategy.evaluate_more(trainer.evaluate))
+            record.update(trainer.evaluate_weights(params, buffers))
+            record.update(strategy.evaluate_more(trainer.evaluate_weights))
         record.update(trainer.diagnostics.eval_metrics(trainer.client_trainer, trainer.load_weights, params,
                                                        buffers, record))
     return record

@@ -21,7 +21,7 @@ from ..config import FedTrainingArguments
 from ..diagnostics import RunDiagnostics
 from ..hub.push import HubPushCallback, ModelCardCallback
 from ..io import atomic_save_safetensors, atomic_write_json
-from ..metrics import accuracy_metrics, evaluate_model
+from ..metrics import accuracy_metrics
 from ..state import create_client_state_store
 from ..training import BufferSpace, ClientTrainer
 from .callbacks import FederatedCallback, PartitionFilesCallback
@@ -30,7 +30,9 @@ from .client import FailurePolicy, LocalTraining
 from .comm import get_process_group, quiet_process_group_warning
 from .load_balance import ClientCostModel
 from .loop import FederatedTrainOutput, run_rounds
+from .outcome import TrainingFailedError
 from .strategy import ServerStrategy
+from .trainer_api import TrainerAPI, train_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +65,12 @@ def local_training_arguments(args: FedTrainingArguments) -> TrainingArguments:
         return TrainingArguments(**values)
 
 
-class FederatedTrainer:
+class FederatedTrainer(TrainerAPI):
     """Runs a federated experiment with any registered algorithm.
+
+    Shaped like ``transformers.Trainer`` (:mod:`.trainer_api`): ``train()`` returns ``metrics`` and
+    ``training_loss``; ``evaluate``, ``predict``, ``state``, ``log_history``, ``add_callback``,
+    ``save_model``, ``push_to_hub``, ``log_metrics``/``save_metrics``/``save_state``; a round is a step.
 
     Args:
         model: the model to federate (its trainable parameters are the federated state). Returns a
@@ -78,9 +84,10 @@ class FederatedTrainer:
         data_collator, compute_metrics, processing_class, preprocess_logits_for_metrics: as for
             ``transformers.Trainer`` (``compute_metrics`` defaults to accuracy; a causal LM's are
             :mod:`hf_fedflat.metrics.language_modeling`).
-        callbacks: :class:`FederatedCallback` instances (after the run's own: the partition files at the
-            start, the model card at the end; a :class:`~hf_fedflat.hub.HubPushCallback` last with
-            ``push_to_hub``).
+        callbacks: :class:`FederatedCallback` or ``transformers.TrainerCallback`` instances (after the run's
+            own: the partition files at the start, the model card at the end; a
+            :class:`~hf_fedflat.hub.HubPushCallback` last with ``push_to_hub``, whose repository is created or
+            reached here, before any round: :class:`~hf_fedflat.hub.push.HubAccessError` when it cannot be).
         lora_save: for a LoRA (peft) model, save the final model ``"merged"`` into the base weights or as the
             ``"adapter"`` (+ head) only.
         drop_invalid_rows: rows whose labels or inputs do not fit the model (:mod:`hf_fedflat.data.validation`,
@@ -137,9 +144,13 @@ class FederatedTrainer:
                            "they will be skipped whenever sampled", small, len(self.client_sizes), batch)
         #: seconds per client predicted from earlier clients' times (main process; splits rounds across processes)
         self.cost_model = ClientCostModel()
-        self.callbacks = [PartitionFilesCallback(), ModelCardCallback(), *(callbacks or [])]
+        self._init_trainer_api()
+        self.callbacks = [PartitionFilesCallback(), ModelCardCallback()]
+        for callback in callbacks or []:
+            self.add_callback(callback)
         if args.push_to_hub and not any(isinstance(c, HubPushCallback) for c in self.callbacks):
             self.callbacks.append(HubPushCallback())
+        self._check_hub_push()  # as Trainer does when built: no round runs for a push that cannot happen
         #: dataset name/id, base model, task: extra details for the model card (recipes and the CLI fill it)
         self.model_card_kwargs: dict[str, Any] = {}
         if args.batchnorm_buffers == "error":
@@ -213,23 +224,33 @@ class FederatedTrainer:
         """Put ``params`` (and averaged ``buffers``) into the model."""
         self.local_training.load_weights(params, buffers)
 
-    def evaluate(self, params: torch.Tensor | None = None, dataset=None, buffers=None) -> dict[str, float]:
-        """Metrics of the global model (``params``, default: the current weights) on ``dataset``."""
-        if params is not None:
-            self.load_weights(params, buffers)
-        dataset = dataset if dataset is not None else self.eval_dataset
-        if dataset is None:
-            return {}
-        return evaluate_model(self.client_trainer, dataset)
-
     def train(self, resume_from_checkpoint: str | bool | None = None) -> FederatedTrainOutput:
-        """Run ``args.num_rounds`` rounds (from a checkpoint if asked) and save the final model."""
+        """Run ``args.num_rounds`` rounds (from a checkpoint if asked) and save the final model.
+
+        Returns:
+            :class:`~.loop.FederatedTrainOutput`: ``params``, ``history``, ``final_model_dir`` and
+            ``transformers.TrainOutput``'s ``global_step`` (rounds done), ``training_loss`` and ``metrics``
+            (:func:`~.trainer_api.train_metrics`; on the main process). A run that did not train raises
+            :class:`~.outcome.TrainingFailedError`, whose ``output`` carries the same fields.
+        """
         resume = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
-        return run_rounds(self, resume)
+        try:
+            output = run_rounds(self, resume)
+        except TrainingFailedError as failed:
+            failed.output = self._with_train_metrics(failed.output)
+            raise
+        return self._with_train_metrics(output)
+
+    def _with_train_metrics(self, output: FederatedTrainOutput) -> FederatedTrainOutput:
+        metrics = train_metrics(output.history)
+        self._record_train_summary(metrics)
+        return dataclasses.replace(output, global_step=int(metrics.get("train_rounds", 0)),
+                                   training_loss=metrics.get("train_loss", float("nan")), metrics=metrics)
 
     # ---------------------------------------------------------------------------------------------
-    def save_model(self, directory: str) -> str:
-        """Save the current model: ``save_pretrained`` when the model has it, else safetensors; the
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> str:
+        """Save the current model (to ``output_dir``, default ``<args.output_dir>/final_model``; main process only,
+        as ``Trainer``; returns the folder): ``save_pretrained`` when the model has it, else safetensors; the
         ``processing_class`` (tokenizer/processor) when it has ``save_pretrained``; and ``federated_config.json``
         (algorithm, clients, rounds, partition, the strategy's settings, rows dropped as invalid).
 
@@ -239,6 +260,9 @@ class FederatedTrainer:
         ``output_dir`` and it is refused."""
         from ..io import atomic_write_dir
 
+        directory = output_dir if output_dir is not None else os.path.join(self.args.output_dir, "final_model")
+        if not self.comm.is_main:
+            return directory
         atomic_write_dir(directory, self._write_model_files, root=self.args.output_dir)
         return directory
 

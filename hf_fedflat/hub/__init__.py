@@ -19,8 +19,8 @@ _EXPORTS = {
         "write_model_card_for_trainer",
     ),
     ".push": (
-        "HubPushCallback", "ModelCardCallback", "PushResult", "export_for_hub", "hub_repo_name", "planned_pushes",
-        "push_final_model", "timm_architecture",
+        "HubAccessError", "HubPushCallback", "ModelCardCallback", "PushResult", "export_for_hub", "hub_repo_name",
+        "planned_pushes", "push_final_model", "timm_architecture",
     ),
 }
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         write_model_card_for_trainer,
     )
     from .push import (
+        HubAccessError,
         HubPushCallback,
         ModelCardCallback,
         PushResult,

@@ -63,6 +63,7 @@ from .card import (
 )
 
 __all__ = [
+    "HubAccessError",
     "HubPushCallback",
     "ModelCardCallback",
     "PushResult",
@@ -77,6 +78,10 @@ logger = logging.getLogger(__name__)
 
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 _STAGING_PREFIX = ".hub-staging-"
+
+
+class HubAccessError(RuntimeError):
+    """The Hub repository of a planned push cannot be created or reached (raised when the trainer is built)."""
 
 
 @dataclass
@@ -175,6 +180,9 @@ def push_final_model(
     card_inputs: Mapping[str, Any] | None = None,
     data_config: Mapping[str, Any] | None = None,
     api: HfApi | None = None,
+    token: str | None = None,
+    revision: str | None = None,
+    private: bool | None = None,
 ) -> PushResult:
     """Create the repository (if needed) and upload the model, its card and plots in one commit.
 
@@ -190,6 +198,7 @@ def push_final_model(
             from ``args.output_dir`` and ``federated_config.json`` from the model folder.
         data_config: see :func:`export_for_hub`.
         api: an ``HfApi`` (default: a new one).
+        token, revision, private: override ``args.hub_token``, ``args.hub_revision``, ``args.hub_private_repo``.
 
     Returns:
         :class:`PushResult` with the full repository id, the layout and ``upload_folder``'s commit info.
@@ -208,9 +217,9 @@ def push_final_model(
         logger.warning("%s has no %s (not saved by FederatedTrainer.save_model, or an older version): its files are "
                        "uploaded unchecked.", final_model_dir, COMPLETE_MARKER)
     api = api or HfApi()
-    token = getattr(args, "hub_token", None)
-    repo_url = api.create_repo(repo_id=repo_id or hub_repo_name(args), private=getattr(args, "hub_private_repo", None),
-                               token=token, exist_ok=True)
+    token = token or getattr(args, "hub_token", None)
+    private = private if private is not None else getattr(args, "hub_private_repo", None)
+    repo_url = api.create_repo(repo_id=repo_id or hub_repo_name(args), private=private, token=token, exist_ok=True)
     full_id = repo_url.repo_id
     with _staging_dir(args.output_dir) as staging:
         layout = export_for_hub(final_model_dir, staging, data_config=data_config)
@@ -219,7 +228,7 @@ def push_final_model(
         write_model_card(staging, args, **inputs)
         commit = api.upload_folder(
             repo_id=full_id, folder_path=os.fspath(staging), commit_message=commit_message, token=token,
-            revision=getattr(args, "hub_revision", None),
+            revision=revision or getattr(args, "hub_revision", None),
         )
     logger.info("Pushed the federated model to https://huggingface.co/%s (%s layout)", full_id, layout)
     return PushResult(repo_id=full_id, layout=layout, commit=commit)
@@ -307,6 +316,20 @@ class HubPushCallback(FederatedCallback):
                                                token=getattr(args, "hub_token", None), exist_ok=True)
             self.repo_id = repo_url.repo_id
         return self.repo_id
+
+    def prepare_repo(self, args) -> str:
+        """Create (or reach) the repository before training, as ``Trainer`` does when built with ``push_to_hub``:
+        the full repo id, or :class:`HubAccessError` naming the repo and what to check (nothing trained yet)."""
+        try:
+            return self._ensure_repo(args)
+        except Exception as error:
+            offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+            raise HubAccessError(
+                f"push_to_hub: cannot create or reach the Hub repository {hub_repo_name(args)!r} "
+                f"({type(error).__name__}: {error}). {'HF_HUB_OFFLINE is set. ' if offline else ''}Check "
+                "hub_model_id, the network and the token (HF_TOKEN or `hf auth login`; hub_token), or run without "
+                "push_to_hub. Checked before the first round: nothing was trained."
+            ) from error
 
     def _card_inputs(self, trainer) -> dict[str, Any]:
         inputs = card_inputs_from_trainer(trainer)
