@@ -33,51 +33,34 @@ logger = logging.getLogger("hf_fedflat.cli")
 # -------------------------------------------------------------------------------------------------
 # train
 # -------------------------------------------------------------------------------------------------
-def _train_parser():
-    from transformers import HfArgumentParser
+TRAIN_DESCRIPTION = """Run one federated experiment: a dataset split over clients, a model, a federated algorithm.
 
+    hf-fedflat train --config recipes/configs/quickstart_fedavg.yaml --num_rounds 50
+
+Flags win over the --config file. The federated fields come first below; the inherited Trainer fields
+(transformers.TrainingArguments) configure each client's local Trainer and are listed last."""
+
+
+def train_argument_types() -> tuple[type, ...]:
+    """The dataclasses ``hf-fedflat train`` and the recipes parse: data, model, LoRA, federated training."""
     from .config import FedTrainingArguments
     from .data.arguments import DataArguments
     from .models.arguments import ModelArguments
     from .models.lora import LoraArguments
 
-    parser = HfArgumentParser((DataArguments, ModelArguments, LoraArguments, FedTrainingArguments),
-                              prog="hf-fedflat train", description="Run one federated experiment.")
-    parser.add_argument("--config", default=None, help="YAML or JSON file of any of these fields; flags given too win.")
-    return parser
+    return DataArguments, ModelArguments, LoraArguments, FedTrainingArguments
 
 
-def _read_config(path: str) -> dict[str, Any]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"config: {path} does not exist.")
-    text = Path(path).read_text()
-    if path.endswith(".json"):
-        values = json.loads(text)
-    else:
-        import yaml
+def parse_train_args(argv: Sequence[str], *, defaults: Sequence[str] = (), smoke: Sequence[str] = (),
+                     prog: str = "hf-fedflat train", description: str | None = TRAIN_DESCRIPTION):
+    """``(data_args, model_args, lora_args, training_args)`` from flags, an optional ``--config`` file and a
+    recipe's ``defaults`` / ``smoke`` flags, through :func:`hf_fedflat.parsing.parse_arguments`."""
+    from .parsing import parse_arguments, read_config_file, split_config
 
-        values = yaml.safe_load(text) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"config: {path} must hold a mapping of field: value, got {type(values).__name__}.")
-    return values
-
-
-def parse_train_args(argv: Sequence[str]):
-    """``(data_args, model_args, lora_args, training_args)`` from flags and an optional ``--config`` file."""
-    parser = _train_parser()
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default=None)
-    known, rest = pre.parse_known_args(list(argv))
-    if known.config:
-        values = _read_config(known.config)
-        fields = {action.dest for action in parser._actions} - {"help", "config"}
-        unknown = sorted(set(values) - fields)
-        if unknown:
-            raise ValueError(f"config: unknown field(s) {', '.join(unknown)} in {known.config}; "
-                             "`hf-fedflat train --help` lists the fields.")
-        parser.set_defaults(**values)
-    data_args, model_args, lora_args, training_args, *_ = parser.parse_args_into_dataclasses(rest)
-    warn_about_token_flag(rest, values if known.config else {}, known.config)
+    data_args, model_args, lora_args, training_args = parse_arguments(
+        train_argument_types(), argv, defaults=defaults, smoke=smoke, prog=prog, description=description)
+    config_path, rest = split_config(argv)
+    warn_about_token_flag(rest, read_config_file(config_path) if config_path else {}, config_path)
     return data_args, model_args, lora_args, training_args
 
 

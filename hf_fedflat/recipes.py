@@ -3,36 +3,53 @@
 A recipe is a list of default flags (the paper's set-up, Hub data, pretrained weights) and a list of
 ``--smoke`` overrides (tiny generated data in the real on-disk format, a tiny model, one or two rounds).
 Everything a user passes wins over both: flags, or ``--config run.yaml`` (any field of
-``DataArguments``, ``ModelArguments``, ``LoraArguments`` and ``FedTrainingArguments``).
+``DataArguments``, ``ModelArguments``, ``LoraArguments`` and ``FedTrainingArguments``), parsed by the one loader
+of every entry point (:func:`hf_fedflat.parsing.parse_arguments`). ``--help`` shows the recipe's docstring and
+its defaults.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from .federation.comm import init_federated_process_group
 
+__all__ = ["recipe_argv", "run_recipe"]
+
 logger = logging.getLogger(__name__)
 
 
 def recipe_argv(argv: Sequence[str], defaults: Sequence[str], smoke: Sequence[str] = ()) -> list[str]:
-    """``defaults``, then ``smoke`` if ``--smoke`` is given, then the user's arguments (argparse keeps the last)."""
+    """``defaults``, then ``smoke`` if ``--smoke`` is given, then the user's arguments (argparse keeps the last).
+
+    Kept for scripts that build their own argument list; :func:`run_recipe` passes the lists to the parser
+    instead, so a ``--config`` file also wins over the recipe's defaults."""
+    from .parsing import wants_smoke
+
     argv = list(argv)
-    wants_smoke = any(a == "--smoke" or (a.startswith("--smoke=") and a != "--smoke=false") for a in argv)
-    return [*defaults, *(smoke if wants_smoke else ()), *argv]
+    return [*defaults, *(smoke if wants_smoke(argv) else ()), *argv]
 
 
-def run_recipe(argv: Sequence[str] | None, defaults: Sequence[str], smoke: Sequence[str] = ()):
-    """Parse, build, train; prints the final metrics. Returns ``(experiment, output)``."""
+def run_recipe(argv: Sequence[str] | None, defaults: Sequence[str], smoke: Sequence[str] = (), *,
+               description: str | None = None, prog: str | None = None):
+    """Parse, build, train; prints the final metrics. Returns ``(experiment, output)``.
+
+    ``description`` (``--help``'s text) and ``prog`` default to the calling recipe module's docstring and file name.
+    """
     from .cli import parse_train_args
     from .experiment import run_experiment
 
+    caller = sys._getframe(1).f_globals
+    description = description if description is not None else caller.get("__doc__")
+    prog = prog or os.path.basename(caller.get("__file__") or sys.argv[0] or "recipe")
     group = init_federated_process_group()  # before the arguments set up accelerate
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    data_args, model_args, lora_args, args = parse_train_args(recipe_argv(argv, defaults, smoke))
+    data_args, model_args, lora_args, args = parse_train_args(argv, defaults=defaults, smoke=smoke, prog=prog,
+                                                              description=description)
     experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
     if group.is_main:
         last = next((r for r in reversed(output.history) if "eval_accuracy" in r), {})

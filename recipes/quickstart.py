@@ -3,34 +3,40 @@
     accelerate launch recipes/quickstart.py                       # FedAvg vs FedSAM vs SCAFFOLD table
     accelerate launch recipes/quickstart.py --fed_algorithm fedgamma --num_rounds 50
     accelerate launch --config_file accelerate_configs/cpu_2proc.yaml recipes/quickstart.py
+    accelerate launch recipes/quickstart.py --smoke               # seconds: 4 clients, 2 rounds, FedAvg vs FedSAM
 
 1,797 8x8 digits (they ship inside scikit-learn) are upscaled to the model's input, split 80/20,
 and the training part is partitioned over 20 clients with Dir(0.3) label skew. Every
-``FedTrainingArguments`` field works as a flag (``--num_rounds``, ``--seed``, ``--rho``, ...); a lone
-``.yaml``/``.json`` argument is read as a config file.
+``FedTrainingArguments`` field works as a flag (``--num_rounds``, ``--seed``, ``--rho``, ...), or as a key of
+``--config run.yaml`` (a lone ``.yaml``/``.json`` argument is read as one); flags win over the file, the file over
+the defaults below.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from dataclasses import dataclass, field
-
-from transformers import HfArgumentParser
 
 from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.comparison import format_markdown, run_comparison, write_comparison
 from hf_fedflat.data import load_digits_dataset
 from hf_fedflat.models import create_model
+from hf_fedflat.parsing import explicit_fields, parse_arguments
 
 logger = logging.getLogger("quickstart")
 
-# Recipe defaults; any flag given on the command line wins (argparse keeps the last value).
+# Recipe defaults; a --config file and the flags given win over them.
 DEFAULTS = [
     "--output_dir", "outputs/quickstart", "--num_clients", "20", "--clients_per_round", "10",
     "--num_rounds", "30", "--local_epochs", "1", "--learning_rate", "0.05", "--per_device_train_batch_size", "16",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.3", "--seed", "42", "--eval_every_n_rounds", "1",
+]
+# --smoke: a run of seconds (offline, like everything here)
+SMOKE = [
+    "--compare", "fedavg,fedsam", "--num_clients", "4", "--clients_per_round", "2", "--num_rounds", "2",
+    "--local_steps", "2", "--per_device_train_batch_size", "8", "--image_size", "8",
+    "--output_dir", "outputs/smoke/quickstart", "--use_cpu", "true", "--disable_tqdm", "true",
 ]
 
 
@@ -42,18 +48,14 @@ class QuickstartArguments:
     )
     model_name: str = field(default="small_cnn", metadata={"help": "Model factory name (hf_fedflat.models)."})
     image_size: int = field(default=16, metadata={"help": "Side the 8x8 digits are upscaled to."})
+    smoke: bool = field(default=False, metadata={"help": "A run of seconds: FedAvg vs FedSAM, 4 clients, 2 rounds."})
 
 
 def parse(argv: list[str]) -> tuple[QuickstartArguments, FedTrainingArguments, bool]:
-    parser = HfArgumentParser((QuickstartArguments, FedTrainingArguments))
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
-        loader = parser.parse_yaml_file if argv[0].endswith(("yaml", "yml")) else parser.parse_json_file
-        quick, args = loader(os.path.abspath(argv[0]))
-        single = True
-    else:
-        quick, args = parser.parse_args_into_dataclasses(DEFAULTS + argv)
-        single = any(a == "--fed_algorithm" or a.startswith("--fed_algorithm=") for a in argv)
-    return quick, args, single
+    """``(quickstart options, training arguments, whether one algorithm was asked for)``."""
+    quick, args = parse_arguments((QuickstartArguments, FedTrainingArguments), argv, defaults=DEFAULTS, smoke=SMOKE,
+                                  prog="quickstart.py", description=__doc__)
+    return quick, args, "fed_algorithm" in explicit_fields(argv)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

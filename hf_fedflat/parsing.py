@@ -1,0 +1,297 @@
+"""One way every entry point reads its configuration: flags, a YAML/JSON file, a recipe's defaults and ``--smoke``.
+
+``hf-fedflat train``, every script in ``recipes/`` and Python callers parse through :func:`parse_arguments`
+(``HfArgumentParser`` underneath). What wins, from strongest to weakest:
+
+1. the flags given (``--num_rounds 50``);
+2. ``--config run.yaml`` (or a lone ``run.yaml`` argument): any field of the parsed dataclasses; a value
+   written as a string (YAML 1.1 reads ``1e-4`` as one) is converted to the field's type like a flag, and
+   one that is not of that type raises ``ValueError("<field>: ...")``; an unknown key is refused;
+3. with ``--smoke``, the recipe's smoke list (tiny data, model and rounds);
+4. the recipe's own defaults (its paper's set-up);
+5. the dataclasses' defaults.
+
+``--help`` lists the recipe's and the federated fields first and the inherited ``TrainingArguments`` fields last,
+with the recipe's defaults and docstring. ``FedTrainingArguments`` built directly in Python converts string values
+the same way in ``__post_init__`` (:func:`hf_fedflat.trainer_fields.coerce_field_types`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CONFIG_SUFFIXES", "build_parser", "explicit_fields", "parse_arguments", "read_config_file",
+           "split_config", "wants_smoke"]
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+#: help groups, in the order ``--help`` shows them, for the argument dataclasses it knows by name
+_GROUP_TITLES = {
+    "DataArguments": "data options",
+    "ModelArguments": "model options",
+    "LoraArguments": "LoRA options",
+}
+RECIPE_GROUP = "recipe options"
+FEDERATED_GROUP = "federated options (the run, its algorithm and each client's local training)"
+INHERITED_GROUP = "inherited Trainer options (transformers.TrainingArguments, for each client's local Trainer)"
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description (a recipe's docstring) as written, and every flag's default."""
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``field: value`` mapping of a YAML or JSON file."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config: {path} does not exist.")
+    text = Path(path).read_text()
+    if path.endswith(".json"):
+        values = json.loads(text)
+    else:
+        import yaml
+
+        values = yaml.safe_load(text) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"config: {path} must hold a mapping of field: value, got {type(values).__name__}.")
+    return values
+
+
+def _group_of(dtype: type) -> tuple[str, set[str] | None]:
+    """``(title, the fields of dtype that go there)``; ``None`` = every field."""
+    from transformers import TrainingArguments
+
+    if isinstance(dtype, type) and issubclass(dtype, TrainingArguments) and dtype is not TrainingArguments:
+        own: set[str] = set()
+        for cls in dtype.__mro__:
+            if cls is TrainingArguments:
+                break
+            own |= set(vars(cls).get("__annotations__", {}))
+        return FEDERATED_GROUP, own
+    return _GROUP_TITLES.get(dtype.__name__, RECIPE_GROUP), None
+
+
+def _arrange_help(parser: argparse.ArgumentParser, dataclass_types: Sequence[type]) -> None:
+    """Move the flags into titled groups: recipe, federated, data, model, LoRA, then the inherited Trainer fields
+    (marked when a federated run refuses them)."""
+    from transformers import TrainingArguments
+
+    from .trainer_fields import REFUSED_TRAINER_FIELDS
+
+    refused = {row.name: row for row in REFUSED_TRAINER_FIELDS}
+    title_of: dict[str, str] = {}
+    for dtype in dataclass_types:
+        title, own = _group_of(dtype)
+        for f in dataclasses.fields(dtype):
+            if own is None or f.name in own:
+                title_of[f.name] = title
+            elif issubclass(dtype, TrainingArguments):
+                title_of[f.name] = INHERITED_GROUP
+    order = [RECIPE_GROUP, FEDERATED_GROUP, *_GROUP_TITLES.values(), INHERITED_GROUP]
+    titles = sorted(set(title_of.values()), key=order.index)
+    groups = {title: parser.add_argument_group(title) for title in titles}
+    for action in list(parser._optionals._group_actions):
+        title = title_of.get(action.dest)
+        if title is None:
+            continue  # --help, --config
+        parser._optionals._group_actions.remove(action)
+        groups[title]._group_actions.append(action)
+        _shorten(action)
+        if action.dest in refused and action.help is not None:
+            action.help = f"Refused by federated runs unless left at its default: {refused[action.dest].use_instead}."
+    # the federated fields in their declaration order (the Trainer fields whose defaults it changes come after)
+    declared = {name: i for i, name in enumerate(n for t in dataclass_types for n in _declared_fields(t))}
+    if FEDERATED_GROUP in groups:
+        groups[FEDERATED_GROUP]._group_actions.sort(key=lambda a: declared.get(a.dest, len(declared)))
+
+
+def _declared_fields(dtype: type) -> list[str]:
+    names: list[str] = []
+    for cls in reversed(dtype.__mro__):
+        if dataclasses.is_dataclass(cls) and cls.__module__.startswith("hf_fedflat"):
+            names += [n for n in vars(cls).get("__annotations__", {}) if n not in names]
+    return names
+
+
+def _shorten(action: argparse.Action) -> None:
+    """Help lines: one spelling of the flag (``--num_rounds``; ``--num-rounds`` still parses) and its value's type
+    (``INT``, ``FLOAT``, ``BOOL``, ...) instead of the upper-cased field name."""
+    if len(action.option_strings) > 1:
+        action.option_strings = [s for s in action.option_strings if "-" not in s[2:]] or action.option_strings
+    if action.nargs == 0:
+        return
+    kind = action.type
+    name = {int: "INT", float: "FLOAT", str: "STR"}.get(kind)
+    if name is None and getattr(kind, "__name__", "") == "string_to_bool":
+        name = "BOOL"
+    if action.choices is not None:
+        return  # argparse shows {a,b,c}
+    action.metavar = name or "VALUE"
+
+
+def build_parser(dataclass_types: Sequence[type], *, prog: str | None = None, description: str | None = None):
+    """``HfArgumentParser`` of ``dataclass_types`` with ``--config``, a short usage line and grouped ``--help``."""
+    from transformers import HfArgumentParser
+
+    prog = prog or "hf-fedflat"
+    parser = HfArgumentParser(list(dataclass_types), prog=prog, description=description,
+                              formatter_class=_HelpFormatter, allow_abbrev=False,
+                              usage=f"{prog} [--config run.yaml] [--smoke] [--<field> <value> ...]")
+    parser.add_argument("--config", default=None,
+                        help="YAML or JSON file of any of these fields; flags given too win over it.")
+    _arrange_help(parser, dataclass_types)
+    return parser
+
+
+def _recipe_group(parser: argparse.ArgumentParser, recipe_defaults: dict[str, Any], smoke: Sequence[str]) -> None:
+    """Put the flags a recipe sets first in ``--help``, under a group that also says what ``--smoke`` sets."""
+    description = f"--smoke sets: {' '.join(smoke)}" if smoke else None
+    group = parser.add_argument_group("this recipe's settings (its defaults; any flag or --config wins)", description)
+    parser._action_groups.remove(group)
+    parser._action_groups.insert(parser._action_groups.index(parser._optionals) + 1, group)
+    for other in parser._action_groups:
+        if other is group:
+            continue
+        for action in list(other._group_actions):
+            if action.dest in recipe_defaults:
+                other._group_actions.remove(action)
+                group._group_actions.append(action)
+
+
+def _actions_by_flag(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return dict(parser._option_string_actions)
+
+
+def _flag_values(parser: argparse.ArgumentParser, tokens: Sequence[str], where: str) -> dict[str, Any]:
+    """``{dest: value}`` of a list of flags (a recipe's defaults): ``--name value``, ``--name=value``, or a bare
+    boolean ``--name`` (true)."""
+    actions = _actions_by_flag(parser)
+    values: dict[str, Any] = {}
+    tokens = list(tokens)
+    i = 0
+    while i < len(tokens):
+        flag, equals, value = tokens[i].partition("=")
+        action = actions.get(flag) if flag.startswith("--") else None
+        if action is None:
+            raise ValueError(f"{where}: {tokens[i]!r} is not a flag of this parser.")
+        following = []
+        while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            following.append(tokens[i + 1])
+            i += 1
+        if equals:
+            following = [value, *following]
+        if action.nargs in ("+", "*"):
+            values[action.dest] = following
+        elif len(following) == 1:
+            values[action.dest] = following[0]
+        elif not following and action.const is not None:
+            values[action.dest] = action.const
+        else:
+            raise ValueError(f"{where}: {flag} needs one value, got {following!r}.")
+        i += 1
+    return values
+
+
+def _config_values(parser: argparse.ArgumentParser, values: dict[str, Any], path: str) -> dict[str, Any]:
+    """The file's values as the flags would give them: a string for a typed field goes through the flag's type."""
+    by_dest: dict[str, argparse.Action] = {}
+    for action in parser._actions:  # a bool field's own flag comes before its --no_<field>
+        by_dest.setdefault(action.dest, action)
+    unknown = sorted(set(values) - set(by_dest) - {"config"})
+    if unknown:
+        raise ValueError(f"config: unknown field(s) {', '.join(unknown)} in {path}; `--help` lists the fields.")
+    converted = {}
+    for name, value in values.items():
+        action = by_dest.get(name)
+        if action is None:
+            continue
+        kind = action.type
+        if isinstance(value, str) and kind not in (None, str):
+            try:
+                value = kind(value) if kind is not int else _to_int(value)
+            except (TypeError, ValueError, argparse.ArgumentTypeError):
+                type_name = getattr(kind, "__name__", str(kind))
+                raise ValueError(f"{name}: {value!r} in {path} is not a valid {type_name} value.") from None
+        if action.choices is not None and value is not None and not isinstance(value, (list, tuple)):
+            if value not in action.choices:
+                raise ValueError(f"{name}: {value!r} in {path} must be one of {tuple(action.choices)}.")
+        converted[name] = value
+    return converted
+
+
+def _to_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        number = float(text)  # "1e3": YAML 1.1 reads it as a string
+        if not number.is_integer():
+            raise
+        return int(number)
+
+
+def split_config(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """``(the --config path or a lone .yaml/.json argument, the other arguments)``."""
+    argv = list(argv)
+    if len(argv) == 1 and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
+        return argv[0], []
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, rest = pre.parse_known_args(argv)
+    return known.config, rest
+
+
+def wants_smoke(argv: Sequence[str], config: dict[str, Any] | None = None) -> bool:
+    """Whether ``--smoke`` (or ``smoke: true`` in the config file) asks for the smoke set-up."""
+    from transformers.hf_argparser import string_to_bool
+
+    for arg in argv:
+        if arg == "--smoke":
+            return True
+        if arg.startswith("--smoke="):
+            return string_to_bool(arg.split("=", 1)[1])
+    value = (config or {}).get("smoke", False)
+    return string_to_bool(value) if isinstance(value, str) else bool(value)
+
+
+def explicit_fields(argv: Sequence[str]) -> set[str]:
+    """The fields the user set: flags in ``argv`` and keys of its ``--config`` file."""
+    path, rest = split_config(argv)
+    names = {a[2:].split("=", 1)[0].replace("-", "_") for a in rest if a.startswith("--")}
+    return names | (set(read_config_file(path)) if path else set())
+
+
+def parse_arguments(
+    dataclass_types: Iterable[type],
+    argv: Sequence[str],
+    *,
+    defaults: Sequence[str] = (),
+    smoke: Sequence[str] = (),
+    prog: str | None = None,
+    description: str | None = None,
+) -> tuple:
+    """One instance per type of ``dataclass_types``, from ``argv`` over the config file over the recipe's
+    ``smoke`` list (with ``--smoke``) over its ``defaults`` (both lists of flags); see the module docstring.
+
+    >>> data_args, model_args, lora_args, args = parse_arguments(
+    ...     (DataArguments, ModelArguments, LoraArguments, FedTrainingArguments), ["--config", "run.yaml"])
+    """
+    dataclass_types = list(dataclass_types)
+    parser = build_parser(dataclass_types, prog=prog, description=description)
+    path, rest = split_config(argv)
+    config = read_config_file(path) if path else {}
+    recipe_defaults = _flag_values(parser, defaults, "recipe defaults")
+    parser.set_defaults(**recipe_defaults)
+    if recipe_defaults:
+        _recipe_group(parser, recipe_defaults, smoke)
+    if wants_smoke(rest, config):
+        parser.set_defaults(**_flag_values(parser, smoke, "recipe smoke settings"))
+    if config:
+        parser.set_defaults(**_config_values(parser, config, path))
+    parsed = parser.parse_args_into_dataclasses(rest, look_for_args_file=False)
+    return tuple(parsed[:len(dataclass_types)])  # (the last one is a namespace holding --config)
