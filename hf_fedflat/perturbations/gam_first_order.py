@@ -44,7 +44,11 @@ class FirstOrderGAMPerturbation(Perturbation):
     ``H g`` by double backward (default) or, with ``hvp_mode="finite_difference"``, ``grad||g|| ~ (grad F(w + r
     g/||g||; B) - g) / r``. Three passes per step either way (a double backward counts as two). Where ``g`` or
     ``grad||g||`` is zero or not finite (an fp16 overflow the scaler skips) the step is ``g``. The reported loss is
-    the loss at ``w``. Not a :class:`SharpnessAware` piece: its offset needs ``H g``, which the
+    the loss at ``w``. The two modes agree on smooth models (tanh MLP: cosine > 0.999 at r = 1e-3); on ReLU /
+    max-pool networks they do not: double backward gives the Hessian away from the kinks (it equals the
+    forward-over-reverse ``H g``), while the finite difference also picks up the gradient's jumps at the kinks it
+    crosses, which do not vanish as ``r`` shrinks (ResNet-18-GN, float64: cosine 0.11 between the two ``H g``
+    at r = 1e-3, 0.85 between the resulting steps). Not a :class:`SharpnessAware` piece: its offset needs ``H g``, which the
     ``perturbation_drift`` diagnostic (built on ``rho g/||g||``) cannot compare.
     """
 
