@@ -204,9 +204,10 @@ def encode_labels(splits: dict[str, datasets.Dataset], column: str) -> tuple[dic
         label = datasets.ClassLabel(names=values)
         out = {}
         for name, split in splits.items():
-            if dtype == "bool":
-                split = split.cast_column(column, datasets.Value("string"))
-            out[name] = split.cast_column(column, label)
+            features = split.features.copy()
+            features[column] = label
+            out[name] = split.map(lambda batch: {column: [label.str2int(str(v)) for v in batch[column]]},
+                                  batched=True, features=features, desc="encoding labels")
         logger.info("label_column %r: %d string classes encoded as ids (%s)", column, len(values),
                     ", ".join(f"{i}={v}" for i, v in enumerate(values[:10])) + (" ..." if len(values) > 10 else ""))
         return out, values

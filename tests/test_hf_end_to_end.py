@@ -1,0 +1,216 @@
+"""``hf-fedflat train --model_name_or_path <dir> --dataset_name <data>`` end to end, offline, on tiny models.
+
+BERT-style sequence classification and GPT-2 / Llama-style causal LMs, each with and without LoRA, trained two
+rounds through the CLI (in process; one case in a subprocess). The final model reloads with the Auto classes and
+``pipeline``, and the run's last evaluation is recomputed here from the reloaded model and the raw data:
+accuracy from ``pipeline`` predictions, the causal LM's token loss / perplexity / token accuracy from per-row
+forward passes. Plus the data side: natural-id partitions, IID without a label column, label encoding, errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+from hf_fedflat.cli import main
+from hf_fedflat.data.partition import ClientPartition, natural_id_partition, partition_dataset
+from hf_fedflat.data.text import write_instruction_data, write_sentiment_data, write_tiny_model
+
+SEED = 42
+COMMON = ["--num_rounds", "2", "--clients_per_round", "2", "--local_steps", "3", "--optim", "adamw_torch",
+          "--learning_rate", "0.01", "--per_device_train_batch_size", "8", "--use_cpu", "true", "--seed", str(SEED),
+          "--save_every_n_rounds", "0", "--report_to", "none"]
+LORA = ["--use_lora", "true", "--lora_r", "4", "--lora_alpha", "8"]
+
+# Alpaca's templates written out here (not imported), so the recomputed loss checks the data code too
+PROMPT_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further context. "
+                "Write a response that appropriately completes the request.\n\n"
+                "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately completes "
+                   "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one intra-op thread (on a shared 2-core machine, two threads made a BERT step 30x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf_assets")
+    return {
+        "bert": write_tiny_model(root / "bert", "bert"),
+        "gpt2": write_tiny_model(root / "gpt2", "gpt2"),
+        "llama": write_tiny_model(root / "llama", "llama"),
+        "sentiment": write_sentiment_data(root / "sentiment", train_rows=60, test_rows=20),
+        "sentiment_csv": write_sentiment_data(root / "sentiment_csv", train_rows=40, test_rows=12, fmt="csv"),
+        "alpaca": write_instruction_data(root / "alpaca", rows=50),
+    }
+
+
+def _train(argv, output_dir, subprocess_run=False):
+    argv = ["train", *argv, "--output_dir", str(output_dir), *COMMON]
+    if subprocess_run:
+        result = subprocess.run([sys.executable, "-m", "hf_fedflat.cli", *argv], capture_output=True, text=True,
+                                timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        assert main(argv) == 0
+    history = json.loads((output_dir / "history.json").read_text())
+    assert len(history) == 2
+    return history[-1], output_dir / "final_model"
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_bert_classifier_end_to_end_reloads_with_pipeline(assets, tmp_path, lora):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    last, final = _train(["--model_name_or_path", assets["bert"], "--dataset_name", assets["sentiment"],
+                          "--partition_by", "user_id", *(LORA if lora else [])], tmp_path)
+    model = AutoModelForSequenceClassification.from_pretrained(final)
+    assert model.config.id2label == {0: "neg", 1: "pos"}  # the ClassLabel's names
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(assets["bert"]).get_vocab()
+    if lora:
+        assert not any("lora" in name for name in model.state_dict())  # merged into the base weights
+    test = datasets.load_from_disk(assets["sentiment"])["test"]
+    classify = pipeline("text-classification", model=str(final), device="cpu")
+    predicted = [p["label"] for p in classify(list(test["text"]))]
+    truth = [test.features["label"].int2str(int(v)) for v in test["label"]]
+    accuracy = float(np.mean([p == t for p, t in zip(predicted, truth)]))
+    assert accuracy == pytest.approx(last["eval_accuracy"], abs=1e-9)
+    # the loss too, recomputed from the reloaded weights on the whole test split in one batch
+    batch = tokenizer(list(test["text"]), padding=True, return_tensors="pt")
+    with torch.no_grad():
+        loss = model(**batch, labels=torch.tensor(test["label"])).loss
+    assert float(loss) == pytest.approx(last["eval_loss"], rel=1e-4)
+    # natural-id partition: one client per user, complete and disjoint, every client's rows one user's
+    part = ClientPartition.load_json(tmp_path / "partition.json")
+    users = datasets.load_from_disk(assets["sentiment"])["train"]["user_id"]
+    assert part.scheme == "natural_id" and part.num_clients == len(set(users))
+    rows = np.concatenate(part.client_indices)
+    np.testing.assert_array_equal(np.sort(rows), np.arange(len(users)))
+    groups = [{users[i] for i in idx} for idx in part.client_indices]
+    assert all(len(g) == 1 for g in groups) and sorted(g.pop() for g in groups) == sorted(set(users))
+    card = (final / "README.md").read_text()
+    assert "natural_id" in card
+
+
+def _alpaca_eval_rows(path):
+    """The evaluation rows the run held out: 0.2 of the single split, seed 42 (as --test_fraction says)."""
+    raw = datasets.load_dataset("json", data_files={"train": path})["train"]
+    return list(raw.train_test_split(test_size=0.2, seed=SEED)["test"])
+
+
+def _response_statistics(model, tokenizer, rows):
+    """Summed NLL, count and argmax hits over the response tokens (+ EOS), one row at a time, no padding."""
+    nll, count, hits = 0.0, 0, 0
+    for row in rows:
+        template = PROMPT_INPUT if row["input"] else PROMPT_NO_INPUT
+        prompt = tokenizer(template.format(**row))["input_ids"]
+        response = tokenizer(row["output"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].double()
+        logp = torch.log_softmax(logits, dim=-1)
+        for t in range(len(prompt), ids.shape[1]):  # token t predicted from position t - 1
+            nll -= float(logp[t - 1, ids[0, t]])
+            hits += int(int(logits[t - 1].argmax()) == int(ids[0, t]))
+            count += 1
+    return nll, count, hits
+
+
+@pytest.mark.parametrize("arch,lora,in_subprocess", [("gpt2", False, False), ("llama", True, False),
+                                                      ("llama", False, True), ("gpt2", True, False)],
+                         ids=["gpt2-full", "llama-lora", "llama-full-subprocess", "gpt2-lora"])
+def test_causal_lm_end_to_end_perplexity_reproduced(assets, tmp_path, arch, lora, in_subprocess):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    last, final = _train(["--model_name_or_path", assets[arch], "--dataset_name", assets["alpaca"],
+                          "--num_clients", "3", "--partition_scheme", "iid", "--max_seq_length", "64",
+                          *(LORA if lora else [])], tmp_path, subprocess_run=in_subprocess)
+    model = AutoModelForCausalLM.from_pretrained(final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(assets[arch]).get_vocab()
+    nll, count, hits = _response_statistics(model, tokenizer, _alpaca_eval_rows(assets["alpaca"]))
+    assert last["eval_tokens"] == count
+    assert last["eval_token_loss"] == pytest.approx(nll / count, rel=1e-4)
+    assert last["eval_perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-4)
+    assert last["eval_token_accuracy"] == pytest.approx(hits / count, abs=1e-9)
+    # the 10 evaluation rows fit one batch: the Trainer's eval_loss is then the same token mean
+    assert last["eval_loss"] == pytest.approx(nll / count, rel=1e-4)
+    assert "eval_accuracy" not in last  # no unshifted, unmasked "accuracy" for a language model
+    generate = pipeline("text-generation", model=str(final), device="cpu")
+    out = generate(PROMPT_NO_INPUT.format(instruction="Repeat the colours ."), max_new_tokens=3, do_sample=False)
+    assert out[0]["generated_text"].startswith(PROMPT_NO_INPUT.format(instruction="Repeat the colours .")[:20])
+
+
+def test_csv_string_labels_encoded_and_iid_without_label_column(assets, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    last, final = _train(["--model_name_or_path", assets["bert"], "--dataset_name", assets["sentiment_csv"],
+                          "--num_clients", "3", "--partition_scheme", "iid"], tmp_path)
+    model = AutoModelForSequenceClassification.from_pretrained(final)
+    assert model.config.id2label == {0: "neg", 1: "pos"}  # string labels, sorted names
+    assert 0.0 <= last["eval_accuracy"] <= 1.0
+
+
+def test_natural_id_partition_one_client_per_id_complete_disjoint():
+    ids = ["b", "a", "b", "c", "a", "a", "d", "c"]
+    data = datasets.Dataset.from_dict({"user": ids, "label": [0, 1, 1, 0, 0, 1, 1, 0]})
+    part = natural_id_partition(data, "user")
+    assert part.num_clients == 4 and part.scheme == "natural_id"
+    groups = sorted(tuple(idx.tolist()) for idx in part.client_indices)
+    assert groups == [(0, 2), (1, 4, 5), (3, 7), (6,)]
+    # label counts per client, and the classes read from the label column
+    by_rows = {tuple(idx.tolist()): part.label_counts[c].tolist() for c, idx in enumerate(part.client_indices)}
+    assert by_rows[(1, 4, 5)] == [1, 2] and by_rows[(6,)] == [0, 1]
+    with pytest.raises(ValueError, match="partition_by: 'speaker' is not a column"):
+        natural_id_partition(data, "speaker")
+    with pytest.raises(ValueError, match="missing"):
+        natural_id_partition(datasets.Dataset.from_dict({"user": ["a", None]}), "user")
+
+
+@pytest.mark.parametrize("columns", [{"text": [f"t{i}" for i in range(23)]},
+                                     {"input_ids": [[1, 2, i] for i in range(23)],
+                                      "labels": [[-100, 2, i] for i in range(23)]}], ids=["no-label", "token-labels"])
+@pytest.mark.parametrize("scheme", ["iid", "linear"])
+def test_iid_and_size_partitions_need_no_label_column(columns, scheme):
+    data = datasets.Dataset.from_dict(columns)
+    part = partition_dataset(data, 4, scheme, label_column="labels" if "labels" in columns else "label", seed=3)
+    rows = np.concatenate(part.client_indices)
+    np.testing.assert_array_equal(np.sort(rows), np.arange(23))  # complete and disjoint
+    assert part.class_names == ["all"] and part.label_counts[:, 0].tolist() == part.num_samples
+    if scheme == "iid":
+        assert sorted(part.num_samples) == [5, 6, 6, 6]
+    else:  # flwr's LinearPartitioner: floor(23 * k / 10) for k = 1..4, the 2 rows left over to the last client
+        assert part.num_samples == [2, 4, 6, 9 + 2]
+
+
+def test_bad_dataset_arguments_are_named(assets, tmp_path):
+    with pytest.raises(ValueError, match="not a registered dataset.*--model_name_or_path"):
+        main(["train", "--dataset_name", assets["sentiment"], "--output_dir", str(tmp_path / "a"), *COMMON])
+    with pytest.raises(ValueError, match="text_column: 'body' not a column"):
+        main(["train", "--model_name_or_path", assets["bert"], "--dataset_name", assets["sentiment"], "--text_column",
+              "body", "--output_dir", str(tmp_path / "b"), *COMMON])
+    with pytest.raises(ValueError, match="partition_by: 'speaker' is not a column"):
+        main(["train", "--model_name_or_path", assets["bert"], "--dataset_name", assets["sentiment"], "--partition_by",
+              "speaker", "--output_dir", str(tmp_path / "c"), *COMMON])
+    with pytest.raises(ValueError, match="eval_split: no split 'dev'"):
+        main(["train", "--model_name_or_path", assets["bert"], "--dataset_name", assets["sentiment"], "--eval_split",
+              "dev", "--output_dir", str(tmp_path / "d"), *COMMON])
+    with pytest.raises(ValueError, match="partition_by: applies to Hub/local datasets"):
+        main(["train", "--dataset_name", "digits", "--partition_by", "label", "--output_dir", str(tmp_path / "e"),
+              *COMMON])
