@@ -29,7 +29,7 @@ class ScaffoldConfig(PieceConfig):
         "('sampled', FedGAM-CV eq. 22 / Alg. 2; the fedgam_cv preset's default).")
 
     def validate(self) -> None:
-        check_number("scaffold_lambda", self.scaffold_lambda)
+        check_number("scaffold_lambda", self.scaffold_lambda, low=0.0)  # a negative lambda flips the correction
         check_choice("scaffold_server_average", self.scaffold_server_average, SERVER_AVERAGES)
 
 
