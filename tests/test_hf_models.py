@@ -172,7 +172,7 @@ def test_text_classifier_final_model_is_a_standard_artifact(tmp_path, models, lo
 
     # the card's loading snippet, run as written against this folder in a process without hf_fedflat; it prints
     # the pipeline's answer: the eval set's accuracy through the pipeline must equal the run's eval_accuracy
-    snippet = card.split("## How to load")[1].split("```python")[1].split("```")[0].replace("<user>/<repo>", final)
+    snippet = card.split("## How to load")[1].split("```python")[1].split("```")[0].replace("path/to/this/folder", final)
     eval_set = experiment.data.eval
     texts = [experiment.data.processing_class.decode(ids, skip_special_tokens=True) for ids in eval_set["input_ids"]]
     check = textwrap.dedent(f"""
@@ -233,7 +233,7 @@ def test_causal_lm_lora_adapter_loads_with_peft_auto_class(tmp_path, models):
     final = output.final_model_dir
     card = (tmp_path / "run" / "final_model" / "README.md").read_text()
     assert "pipeline_tag: text-generation" in card.split("---")[1]
-    snippet = card.split("## How to load")[1].split("```python")[1].split("```")[0].replace("<user>/<repo>", final)
+    snippet = card.split("## How to load")[1].split("```python")[1].split("```")[0].replace("path/to/this/folder", final)
     assert "AutoPeftModelForCausalLM" in snippet
     # the adapter on its base reproduces the trained model's logits
     ids = experiment.data.processing_class("a good story", return_tensors="pt")["input_ids"]
@@ -277,7 +277,15 @@ def test_timm_final_model_loads_without_hf_fedflat(tmp_path):
             print("AUTO", by_auto(pixel_values=x).logits.tolist())
         print("CLASS", type(by_auto).__name__)
     """)
+    # the card's snippet, as written, loads the same model (the transformers part: the rest needs hf_fedflat)
+    card = open(os.path.join(final, "README.md")).read()
+    snippet = card.split("## How to load")[1].split("```python")[1].split("```")[0]
+    snippet = snippet.split("# hf_fedflat")[0].replace("path/to/this/folder", final)
+    assert "TimmWrapper" in snippet and "local-dir:" in snippet
+    code += snippet + "\nwith torch.no_grad():\n    print('SNIPPET', model(pixel_values=x).logits.tolist())\n"
     out = run_python(code)
+    torch.testing.assert_close(torch.tensor(json.loads(out.split("SNIPPET")[1].split("\n")[0])), expected,
+                               rtol=1e-5, atol=1e-6)
     by_timm = torch.tensor(json.loads(out.split("TIMM")[1].split("\n")[0]))
     by_auto = torch.tensor(json.loads(out.split("AUTO")[1].split("\n")[0]))
     assert "CLASS TimmWrapperForImageClassification" in out

@@ -385,8 +385,8 @@ def _transformers_snippet(ref: str, task: str | None, model_config: Mapping[str,
 
 def _loading_section(layout: str, repo: str | None, model_config: Mapping[str, Any] | None,
                      task: str | None = None) -> str:
-    ref = repo or "<user>/<repo>"
     local = "path/to/this/folder"
+    ref = repo or local  # a card written next to the weights (not pushed yet) loads them from its folder
     model_type = (model_config or {}).get("model_type")
     if layout == "timm":
         return "\n".join([
@@ -395,8 +395,10 @@ def _loading_section(layout: str, repo: str | None, model_config: Mapping[str, A
             "",
             "```python",
             "import timm",
-            f'model = timm.create_model("hf-hub:{ref}", pretrained=True)',
-            f'# local copy: timm.create_model("local-dir:{local}", pretrained=True)',
+            f'model = timm.create_model("hf-hub:{repo}", pretrained=True)' if repo else
+            f'model = timm.create_model("local-dir:{local}", pretrained=True)',
+            f'# local copy: timm.create_model("local-dir:{local}", pretrained=True)' if repo else
+            "# from the Hub once pushed: timm.create_model(\"hf-hub:<user>/<repo>\", pretrained=True)",
             "",
             "# transformers (TimmWrapper)",
             "from transformers import AutoModelForImageClassification",
