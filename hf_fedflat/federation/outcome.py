@@ -54,7 +54,6 @@ def write_run_status(output_dir: str, history: list[dict], status: str, reason: 
         "rounds_aggregated": len(aggregated),
         "rounds_failed": len(history) - len(aggregated),
         "last_aggregated_round": aggregated[-1] if aggregated else None,
-        "exit_code": 0 if status == "completed" else EXIT_TRAINING_FAILED,
     }
     if final_dir is None and os.path.isdir(os.path.join(output_dir, "final_model")):
         summary["note"] = "final_model/ in this folder was written by an earlier run, not by this one"
