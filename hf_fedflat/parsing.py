@@ -218,6 +218,10 @@ def _config_values(parser: argparse.ArgumentParser, values: dict[str, Any], path
             except (TypeError, ValueError, argparse.ArgumentTypeError):
                 type_name = getattr(kind, "__name__", str(kind))
                 raise ValueError(f"{name}: {value!r} in {path} is not a valid {type_name} value.") from None
+        elif kind is int and isinstance(value, float):  # 2.0 is 2; 2.5 is no integer
+            if not value.is_integer():
+                raise ValueError(f"{name}: {value!r} in {path} is not a valid int value.")
+            value = int(value)
         if action.choices is not None and value is not None and not isinstance(value, (list, tuple)):
             if value not in action.choices:
                 raise ValueError(f"{name}: {value!r} in {path} must be one of {tuple(action.choices)}.")
