@@ -23,10 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FEDFLAT_SUBFOLDER", "complete_model_folder", "timm_architecture", "write_timm_layout"]
+from .factory import FEDFLAT_SUBFOLDER, load_model
 
-FEDFLAT_SUBFOLDER = "hf_fedflat"
-"""Where hf_fedflat's own ``save_pretrained`` files go in a timm-layout folder."""
+__all__ = ["FEDFLAT_SUBFOLDER", "complete_model_folder", "timm_architecture", "write_timm_layout"]
 
 
 def timm_architecture(model_dir: str | os.PathLike) -> str | None:
@@ -66,8 +65,6 @@ def write_timm_layout(
     ``model.safetensors`` holds the backbone's weights under timm's names.
     """
     from timm.models import save_for_hf
-
-    from .factory import load_model
 
     model = load_model(model_dir)
     config = model.config

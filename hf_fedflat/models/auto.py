@@ -248,6 +248,4 @@ def is_auto_model(model: Any) -> bool:
     """Whether ``model`` is a ``transformers`` model (not one of hf_fedflat's own classes)."""
     from transformers import PreTrainedModel
 
-    from .factory import MODEL_CLASSES
-
-    return isinstance(model, PreTrainedModel) and not isinstance(model, tuple(MODEL_CLASSES.values()))
+    return isinstance(model, PreTrainedModel) and not type(model).__module__.startswith("hf_fedflat.")

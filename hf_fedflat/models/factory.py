@@ -17,12 +17,14 @@ from typing import Any
 import timm
 from transformers import PreTrainedModel
 
-from .artifacts import FEDFLAT_SUBFOLDER
 from .backbones import CUSTOM_MODELS, build_backbone, check_model_name
 from .modeling import FedFlatClassifierConfig, FedFlatImageClassifier
 from .text import LEAF_VOCAB_SIZE, TEXT_MODELS
 
-__all__ = ["available_models", "create_model", "load_model", "MODEL_CLASSES"]
+__all__ = ["FEDFLAT_SUBFOLDER", "available_models", "create_model", "load_model", "MODEL_CLASSES"]
+
+FEDFLAT_SUBFOLDER = "hf_fedflat"
+"""Where hf_fedflat's own ``save_pretrained`` files go in a timm-layout folder (:mod:`hf_fedflat.models.artifacts`)."""
 
 # (in_chans, image_size) when the caller gives none: the dataset the architecture was made for.
 _IMAGE_DEFAULTS: dict[str, tuple[int, int]] = {"fedgam_cnn": (1, 28)}
