@@ -214,3 +214,32 @@ def test_bad_dataset_arguments_are_named(assets, tmp_path):
     with pytest.raises(ValueError, match="partition_by: applies to Hub/local datasets"):
         main(["train", "--dataset_name", "digits", "--partition_by", "label", "--output_dir", str(tmp_path / "e"),
               *COMMON])
+
+
+def _load_recipe(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_text_recipes_smoke_offline(tmp_path):
+    """`recipes/llm_lora.py --smoke` and `recipes/text_classification.py --smoke`: a tiny model, tokenizer and data
+    in the real formats written under <output_dir>/smoke_assets, 2 rounds, the metrics of each task."""
+    experiment, output = _load_recipe("llm_lora").main(["--smoke", "--output_dir", str(tmp_path / "llm"),
+                                                         "--disable_tqdm", "true"])
+    assert [r["round"] for r in output.history] == [1, 2]
+    last = output.history[-1]
+    assert last["eval_perplexity"] == pytest.approx(math.exp(last["eval_token_loss"]), rel=1e-9)
+    assert experiment.data.task == "causal-lm" and (tmp_path / "llm" / "smoke_assets" / "data" / "alpaca_data.json").is_file()
+    names = experiment.trainer.space.names
+    assert names and all("lora_" in n for n in names)  # only the adapters are federated
+    experiment, output = _load_recipe("text_classification").main(
+        ["--smoke", "--output_dir", str(tmp_path / "cls"), "--disable_tqdm", "true"])
+    assert [r["round"] for r in output.history] == [1, 2] and 0.0 <= output.history[-1]["eval_accuracy"] <= 1.0
+    assert experiment.data.label_names == ["neg", "pos"] and experiment.data.partition is None
+    assert experiment.args.partition_scheme == "dirichlet"
