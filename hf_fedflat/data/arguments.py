@@ -55,7 +55,8 @@ class DataArguments:
     prompt_template: str | None = field(
         default=None,
         metadata={"help": "Causal LM instruction data: a str.format template over the columns, e.g. "
-                          "'Q: {instruction}\\nA: ' (default: Alpaca's, with or without its input part)."},
+                          "'Q: {instruction} {input} A: ' (newlines through a --config YAML file; default: Alpaca's, with or "
+                          "without its input part)."},
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep this many training rows (a seeded sample), for quick runs."}
