@@ -133,6 +133,7 @@ def test_state_and_log_history(trained, tmp_path):
     try:
         trainer.save_state()
         trainer.save_metrics("train", output.metrics)
+        trainer.log_metrics("train", output.metrics)
     finally:
         trainer.args.output_dir = saved_dir
     loaded = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
