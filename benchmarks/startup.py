@@ -4,9 +4,10 @@
 
 Each statement runs in a fresh interpreter, timed inside it around the statement alone (interpreter
 start-up excluded), the statements taking turns so that load from elsewhere hits all of them alike;
-the median of the repeats is reported. ``hf-fedflat --help`` is timed as a whole process (wall clock,
-interpreter start-up included), beside ``python -c pass``. ``--importtime`` adds the ten modules that
-cost ``import hf_fedflat`` most (``python -X importtime``, cumulative microseconds).
+the median of the repeats is reported. ``hf-fedflat --help`` and ``hf-fedflat train --help`` (which builds
+the argument parser from ``FedTrainingArguments``, hence loads transformers' ``TrainingArguments``) are timed
+as whole processes (wall clock, interpreter start-up included), beside ``python -c pass``. ``--importtime``
+adds the ten modules that cost ``import hf_fedflat`` most (``python -X importtime``, cumulative microseconds).
 
 Rows: the reference (``import torch, transformers``; transformers itself is lazy), ``import hf_fedflat``
 (what the target is about), the usual first line of a script (``from hf_fedflat import FederatedTrainer,
@@ -52,9 +53,10 @@ def timed_process(command: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def cli_command() -> list[str]:
+def cli_command(*arguments: str) -> list[str]:
     script = shutil.which("hf-fedflat", path=os.path.dirname(sys.executable))
-    return [script, "--help"] if script else [sys.executable, "-m", "hf_fedflat.cli", "--help"]
+    return [script, *arguments] if script else [sys.executable, "-c", "import sys; from hf_fedflat.cli import main; "
+                                                                       "sys.exit(main(sys.argv[1:]))", *arguments]
 
 
 def slowest_imports(statement: str, count: int = 10) -> list[tuple[str, int]]:
@@ -77,12 +79,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--output", default=str(HERE / "startup.json"))
     options = parser.parse_args(argv)
 
-    times: dict[str, list[float]] = {name: [] for name in [*STATEMENTS, "python_pass", "cli_help"]}
+    times: dict[str, list[float]] = {name: [] for name in [*STATEMENTS, "python_pass", "cli_help", "cli_train_help"]}
     for _ in range(options.repeats):  # the rows take turns
         for name, statement in STATEMENTS.items():
             times[name].append(timed_import(statement))
         times["python_pass"].append(timed_process([sys.executable, "-c", "pass"]))
-        times["cli_help"].append(timed_process(cli_command()))
+        times["cli_help"].append(timed_process(cli_command("--help")))
+        times["cli_train_help"].append(timed_process(cli_command("train", "--help")))
     median = {name: statistics.median(values) for name, values in times.items()}
     reference = median["reference"]
     result = {
@@ -94,6 +97,7 @@ def main(argv=None) -> dict:
     for name, statement in STATEMENTS.items():
         print(f"{statement:<70} {median[name]:9.3f} {median[name] / reference:12.2f}")
     print(f"{'hf-fedflat --help (whole process)':<70} {median['cli_help']:9.3f}")
+    print(f"{'hf-fedflat train --help (whole process)':<70} {median['cli_train_help']:9.3f}")
     print(f"{'python -c pass (whole process)':<70} {median['python_pass']:9.3f}")
     ratio = result["ratio_to_reference"]["hf_fedflat"]
     print(f"import hf_fedflat / import torch, transformers = {ratio:.2f} (target <= 1.3: "
