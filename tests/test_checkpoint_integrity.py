@@ -379,3 +379,14 @@ def test_manifest_lists_every_file_tensor_and_client(sources):
         clients = sorted(int(p.stem.split("-")[1]) for p in (checkpoint / "client_states").iterdir())
         assert manifest["client_ids"] == clients and manifest["round"] == 3
         assert clients == (list(range(6)) if run == "dfedavg" else clients) and clients
+
+
+def test_a_symlinked_checkpoints_folder_is_not_written_through(tmp_path):
+    from hf_fedflat.io import UnsafeWritePathError
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeWritePathError, match="checkpoints"):
+        make_trainer(tmp_path / "run", save_every_n_rounds=1).train()
+    assert list((tmp_path / "elsewhere").iterdir()) == []

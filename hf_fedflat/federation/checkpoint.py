@@ -35,7 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..io import fsync_dir
+from ..io import check_write_path, fsync_dir
 from ..state.store import ClientStateStore, flatten_state, parse_client_file, unflatten_state
 
 FORMAT_VERSION = 2
@@ -443,6 +443,7 @@ class RunCheckpoints:
              history: list[dict], wall_seconds: float) -> Path:
         meta = {"fingerprint": self.fingerprint, "settings": run_settings(self.args),
                 "config_changes": self.config_changes, "history": history, "wall_seconds": wall_seconds}
+        check_write_path(self.root, self.args.output_dir)  # a planted checkpoints -> /elsewhere link is refused
         tensors = self.space.named_tensors(weights["params"])
         if weights.get("buffers") is not None:
             tensors.update(self.buffer_space.named_tensors(weights["buffers"]))
