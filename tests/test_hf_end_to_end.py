@@ -211,6 +211,9 @@ def test_bad_dataset_arguments_are_named(assets, tmp_path):
     with pytest.raises(ValueError, match="eval_split: no split 'dev'"):
         main(["train", "--model_name_or_path", assets["bert"], "--dataset_name", assets["sentiment"], "--eval_split",
               "dev", "--output_dir", str(tmp_path / "d"), *COMMON])
+    with pytest.raises(OSError, match="dataset_name: cannot load the Hub dataset 'no-such-user/no-such-data'"):
+        main(["train", "--model_name_or_path", assets["bert"], "--dataset_name", "no-such-user/no-such-data",
+              "--output_dir", str(tmp_path / "f"), *COMMON])
     with pytest.raises(ValueError, match="partition_by: applies to Hub/local datasets"):
         main(["train", "--dataset_name", "digits", "--partition_by", "label", "--output_dir", str(tmp_path / "e"),
               *COMMON])

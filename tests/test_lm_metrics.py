@@ -105,3 +105,16 @@ def test_tokenize_instructions_masks_exactly_the_templated_prompt():
     long, _ = tokenize_instructions(data.select([1]), tokenizer, max_seq_length=200)
     text = tokenizer.decode(long[0]["input_ids"])
     assert "### Input" not in text and "### Response" in text
+
+
+def test_plain_text_for_a_causal_lm_trains_on_every_token():
+    from hf_fedflat.data.hf_datasets import tokenize_text
+
+    tokenizer = train_word_tokenizer("gpt")
+    data = datasets.Dataset.from_dict({"text": ["the movie was great", "", "red " * 50], "user": ["a", "b", "c"]})
+    out = tokenize_text(data, tokenizer, text_column="text", max_seq_length=8, keep=["user"])
+    assert set(out.column_names) == {"user", "input_ids", "attention_mask", "labels"}
+    assert out["user"] == ["a", "c"]  # the empty text (only an EOS: nothing to predict) is dropped
+    first = out[0]
+    assert first["input_ids"] == tokenizer("the movie was great")["input_ids"] + [tokenizer.eos_token_id]
+    assert first["labels"] == first["input_ids"] and len(out[1]["input_ids"]) == 8

@@ -44,8 +44,9 @@ OPPOSITES = (("hot", "cold"), ("big", "small"), ("up", "down"), ("day", "night")
 COLOURS = ("red", "blue", "green", "yellow", "black", "white")
 
 
-def sentiment_rows(n: int, seed: int = 0, num_users: int = 5) -> list[dict]:
-    """``n`` rows ``{"text", "label" ("neg"/"pos"), "user_id"}``: 6-10 words, 1-3 of them carrying the label."""
+def sentiment_rows(n: int, seed: int = 0, num_users: int = 5, label_noise: float = 0.0) -> list[dict]:
+    """``n`` rows ``{"text", "label" ("neg"/"pos"), "user_id"}``: 6-10 words, 1-3 of them carrying the label; a
+    ``label_noise`` share of the rows has the other label (a ceiling below 100% accuracy)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -54,6 +55,8 @@ def sentiment_rows(n: int, seed: int = 0, num_users: int = 5) -> list[dict]:
         words = [rng.choice(NEUTRAL_WORDS) for _ in range(rng.randint(4, 7))]
         for _ in range(rng.randint(1, 3)):
             words.insert(rng.randrange(len(words) + 1), rng.choice(cue))
+        if rng.random() < label_noise:
+            positive = not positive
         rows.append({"text": " ".join(words), "label": "pos" if positive else "neg",
                      "user_id": f"user_{rng.randrange(num_users)}"})
     return rows
@@ -80,12 +83,13 @@ def instruction_rows(n: int, seed: int = 0) -> list[dict]:
 
 
 def write_sentiment_data(root: str | os.PathLike, *, train_rows: int = 96, test_rows: int = 32, seed: int = 0,
-                         fmt: str = "save_to_disk", num_users: int = 5) -> str:
+                         fmt: str = "save_to_disk", num_users: int = 5, label_noise: float = 0.0) -> str:
     """Write the sentiment data under ``root`` (see the module doc); returns the ``--dataset_name`` path."""
     import datasets
 
     root = Path(root)
-    splits = {"train": sentiment_rows(train_rows, seed, num_users), "test": sentiment_rows(test_rows, seed + 1, num_users)}
+    splits = {"train": sentiment_rows(train_rows, seed, num_users, label_noise),
+              "test": sentiment_rows(test_rows, seed + 1, num_users, label_noise)}
     if fmt == "save_to_disk":
         features = datasets.Features({"text": datasets.Value("string"),
                                       "label": datasets.ClassLabel(names=["neg", "pos"]),
