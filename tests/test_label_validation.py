@@ -153,7 +153,7 @@ def test_nan_made_by_a_transform_is_refused(tmp_path):
 
     train.set_transform(normalise)
     with pytest.raises(InvalidInputError, match=r"train: the dataset's transform makes NaN/Inf in 'x' \(8 of the first "
-                                                r"8 rows"):
+                                                r"8 valid rows"):
         FederatedTrainer(Tiny3(), args(tmp_path), train, None, label_column="labels", drop_invalid_rows=True)
 
 
@@ -232,3 +232,25 @@ def test_experiment_reads_drop_invalid_rows_from_data_arguments(tmp_path):
                                   args(tmp_path))
     assert len(experiment.trainer.train_dataset) == 108
     assert experiment.trainer.input_report.dropped == {"train": {"rows": 12, "problems": {"label_negative": 12}}}
+
+
+def test_nan_pixels_of_a_lazily_transformed_image_dataset(tmp_path):
+    """The issue's NaN pixels: stored images with a NaN (digits, decoded and normalised by a transform when read):
+    counted from the stored column, droppable; the model is sized from its config (num_labels 10)."""
+    from hf_fedflat.data.digits import load_digits_dataset
+    from hf_fedflat.models import create_model
+
+    data = load_digits_dataset(image_size=8, test_fraction=0.2, seed=0)
+    raw = data["train"].with_format(None).select(range(200))
+    images = np.array(raw.with_format("numpy")["image"], dtype=np.float32)
+    images[[3, 10, 150], 2, 5] = np.nan
+    bad = datasets.Dataset.from_dict({"image": images, "label": raw["label"]}, features=raw.features)
+    bad.set_transform(data["train"].format["format_kwargs"]["transform"])
+    model = create_model("small_cnn", num_classes=10, in_chans=1, image_size=8)
+    with pytest.raises(InvalidInputError) as error:
+        FederatedTrainer(model, args(tmp_path), bad, data["test"], callbacks=[NoRounds()])
+    assert "num_labels = 10 from model.config.num_labels" in str(error.value)
+    assert "train: 3 of 200 rows have NaN/Inf in a float input [inputs] (e.g. row 3: column 'image'" in str(error.value)
+    trainer = FederatedTrainer(model, args(tmp_path), bad, data["test"], drop_invalid_rows=True)
+    assert len(trainer.train_dataset) == 197 and trainer.input_report.dropped["train"]["rows"] == 3
+    assert torch.isfinite(trainer.train_dataset[:197]["pixel_values"]).all()

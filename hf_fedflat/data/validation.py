@@ -265,6 +265,8 @@ def _flatten(array):
     import pyarrow.compute as pc
 
     rows = np.arange(len(array), dtype=np.int64)
+    if isinstance(array, pa.ExtensionArray):  # datasets' Array2D/3D: nested lists underneath
+        array = array.storage
     while pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or pa.types.is_fixed_size_list(array.type):
         parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False).astype(np.int64)
         rows = rows[parents]
@@ -275,7 +277,7 @@ def _flatten(array):
 def _leaf_type(feature) -> Any:
     import pyarrow as pa
 
-    leaf = feature
+    leaf = feature.storage_type if isinstance(feature, pa.ExtensionType) else feature
     while pa.types.is_list(leaf) or pa.types.is_large_list(leaf) or pa.types.is_fixed_size_list(leaf):
         leaf = leaf.value_type
     return leaf
@@ -351,12 +353,12 @@ def check_split(dataset, split: str, model, label_space: LabelSpace, label_colum
                 values, rows = _flatten(table.column(name).combine_chunks())
                 finite = np.isfinite(values.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64, copy=False))
                 acc.add("input_not_finite", _rows_with(~finite, rows, n), start, lambda r, name=name: f"column {name!r}")
-    if dataset.format.get("type") == "custom" and len(dataset):  # set_transform / with_transform
-        _check_transformed(dataset, split, report)
     for key in ROW_PROBLEMS:
         if key in acc.rows:
             report.rows[key] = np.unique(np.concatenate(acc.rows[key]))
             report.examples[key] = ", ".join(acc.examples[key])
+    if dataset.format.get("type") == "custom" and len(dataset):  # set_transform / with_transform
+        _check_transformed(dataset, split, report)
     report.bound, report.bound_name = bound, bound_name
     return report
 
@@ -392,9 +394,15 @@ def _check_labels(acc: _Accumulator, array, n: int, offset: int, bound: int | No
 def _check_transformed(dataset, split: str, report: SplitReport) -> None:
     import torch
 
-    rows = min(TRANSFORM_SAMPLE_ROWS, len(dataset))
+    # the first rows not already found bad in the stored columns (their NaN is counted there, and droppable)
+    flagged = set(report.invalid_rows().tolist())
+    sample = [i for i in range(min(len(dataset), TRANSFORM_SAMPLE_ROWS + len(flagged))) if i not in flagged]
+    sample = sample[:TRANSFORM_SAMPLE_ROWS]
+    rows = len(sample)
+    if not rows:
+        return
     try:
-        batch = dataset[:rows]
+        batch = dataset[sample]
     except Exception as error:  # noqa: BLE001 - it would fail in every client
         report.fatal.append(f"{split}: the dataset's transform fails on its first {rows} rows "
                             f"({type(error).__name__}: {error}).")
@@ -411,8 +419,8 @@ def _check_transformed(dataset, split: str, report: SplitReport) -> None:
             bad = int((~torch.isfinite(value.reshape(value.shape[0], -1))).any(dim=1).sum()) if value.ndim else 0
             if bad:
                 report.fatal.append(
-                    f"{split}: the dataset's transform makes NaN/Inf in {name!r} ({bad} of the first {rows} rows "
-                    "read through it), e.g. a normalisation std of 0 or a NaN mean: fix the transform.")
+                    f"{split}: the dataset's transform makes NaN/Inf in {name!r} ({bad} of the first {rows} valid "
+                    "rows read through it), e.g. a normalisation std of 0 or a NaN mean: fix the transform.")
     report.notes.append(f"transformed dataset: stored columns checked in full, the first {rows} rows through the "
                         "transform")
 
