@@ -123,7 +123,7 @@ def build_experiment(
     refuse_symlinks_in(args.output_dir, run_entries(args))  # a planted link: refused before data or model load
     if data_args.smoke and data_args.smoke_dir is None:
         data_args.smoke_dir = os.path.join(args.output_dir, "smoke_data")
-    data = load_data(data_args, model_args, args.seed)
+    data = load_data(data_args, model_args, data_args.effective_split_seed)  # the data seed, not the run's
     if data.partition is not None and data.partition.num_clients != args.num_clients:
         # the data decides (domains x clients_per_domain, Shakespeare's roles); the rest of args stays
         logger.info("num_clients = %d, as the %s data comes split (%s).", data.partition.num_clients, data.name,

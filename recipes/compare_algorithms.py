@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from hf_fedflat import FedTrainingArguments, init_process_group
+from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
 from hf_fedflat.comparison import format_markdown, run_comparison, write_comparison
 from hf_fedflat.models import create_model
 from hf_fedflat.parsing import parse_arguments
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None):
     compare, args = parse_arguments((CompareArguments, FedTrainingArguments), argv, defaults=DEFAULTS, smoke=SMOKE,
                                     prog="compare_algorithms.py", description=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    data, channels = load_data(compare, args.seed)
+    data, channels = load_data(compare, DEFAULT_SPLIT_SEED)  # the same test set whatever --seed is
     algorithms = [name.strip() for name in compare.algorithms.split(",") if name.strip()]
     rows, histories = run_comparison(
         args, algorithms,

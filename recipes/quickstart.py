@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.comparison import format_markdown, run_comparison, write_comparison
 from hf_fedflat.data import load_digits_dataset
+from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
 from hf_fedflat.models import create_model
 from hf_fedflat.parsing import explicit_fields, parse_arguments
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     quick, args, single = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    data = load_digits_dataset(image_size=quick.image_size, seed=args.seed)
+    data = load_digits_dataset(image_size=quick.image_size, seed=DEFAULT_SPLIT_SEED)  # the test set: not --seed's
     names = [args.fed_algorithm] if single else [n.strip() for n in quick.compare.split(",") if n.strip()]
     rows, histories = run_comparison(
         args, names, lambda: create_model(quick.model_name, num_classes=10, in_chans=1, image_size=quick.image_size),

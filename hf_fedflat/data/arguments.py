@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from ..validation import check_choice, check_integer, check_number
 from .partition import SCHEMES
 
-__all__ = ["DataArguments", "PartitionArguments"]
+__all__ = ["DEFAULT_SPLIT_SEED", "DataArguments", "PartitionArguments"]
+
+#: the data seed when ``split_seed`` is unset: a constant, not the run's seed (transformers' default seed, so a
+#: run with the default ``--seed 42`` splits the data as before ``split_seed`` existed)
+DEFAULT_SPLIT_SEED = 42
 
 
 @dataclass
@@ -82,6 +86,13 @@ class DataArguments:
     test_fraction: float = field(
         default=0.2, metadata={"help": "Share of the data held out for evaluation, for datasets without a test split."}
     )
+    split_seed: int | None = field(
+        default=None,
+        metadata={"help": "Seed of the data itself: the train/test split (--test_fraction), the smoke subsets, the "
+                          "max_clients / max_*_samples draws and the within-domain client split. Default: "
+                          "DEFAULT_SPLIT_SEED (42), whatever --seed is, so runs with different seeds are scored on the "
+                          "same test set (the run's --seed varies the training only)."},
+    )
     held_out_domain: str | None = field(
         default=None, metadata={"help": "officehome/domainnet: the domain used as test set (leave-one-domain-out)."}
     )
@@ -120,11 +131,18 @@ class DataArguments:
             raise ValueError(f"max_seq_length: must be an integer >= 2, got {self.max_seq_length!r}.")
         if self.partition_by is not None and not str(self.partition_by).strip():
             raise ValueError("partition_by: empty; name a column (e.g. user_id) or leave it unset.")
+        if self.split_seed is not None and (isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int)
+                                            or self.split_seed < 0):
+            raise ValueError(f"split_seed: must be an integer >= 0 (or unset), got {self.split_seed!r}.")
         for name in ("max_clients", "max_samples_per_client", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}: must be an integer >= 1 (or unset), got {value!r}.")
 
+    @property
+    def effective_split_seed(self) -> int:
+        """The seed the data is split and sampled with: ``split_seed``, else :data:`DEFAULT_SPLIT_SEED`."""
+        return DEFAULT_SPLIT_SEED if self.split_seed is None else int(self.split_seed)
 
 
 @dataclass
