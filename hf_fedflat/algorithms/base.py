@@ -248,6 +248,49 @@ class Correction(ClientPiece, ABC):
         """
 
 
+@dataclass
+class LossContext:
+    """What a :class:`LossTerm` sees of the current micro-batch besides its model outputs.
+
+    Attributes:
+        workspace: what the piece's ``begin`` returned for this client (tensors, not symbols).
+        represent_at: ``represent_at(flat_params)`` -> the representation of the same micro-batch at other
+            weights (e.g. ``w^t``, MOON's previous local model): an extra forward without gradient, in eval mode
+            (no dropout, batch-norm running statistics neither used for training nor updated), shaped like the
+            representation.
+        inputs: the micro-batch as the model received it (read-only).
+    """
+
+    workspace: Any
+    represent_at: Callable[[Tensor], Tensor]
+    inputs: Any = None
+
+
+class LossTerm(Correction):
+    """A correction that adds a term to the minibatch loss before backward instead of an affine term to the
+    direction (MOON's contrastive term, FedDecorr's decorrelation): its gradient is whatever autograd makes of it.
+
+    The local trainer (``ClientTrainer.compute_loss``) adds ``extra_loss(outputs, representation, ctx)`` to the
+    model's loss on every training forward of a client whose algorithm has such a piece, at whatever weights
+    the pass runs (a perturbation's ``w + e`` included), so it composes with every perturbation. The
+    ``representation`` is the input of the model's classification head for the micro-batch (see
+    :mod:`hf_fedflat.models.representation`), pooled to ``(batch, features)``. ``correct`` leaves the direction
+    as it is. A run without a loss term never enters this code: its step is unchanged.
+    """
+
+    def correct(self, D: Affine, W: Affine, ws: Any) -> Affine:
+        return D
+
+    @abstractmethod
+    def extra_loss(self, outputs: Any, representation: Tensor, ctx: LossContext) -> Tensor:
+        """A scalar added to the micro-batch's loss (same scale as the model's mean loss)."""
+
+
+#: key of a piece's message whose vector the ``shifted_mean`` aggregator adds to the client's delta
+#: (FedDC's drift ``h_i``, FedSpeed's ``-lambda * g_hat_i``): the server averages ``Delta_i + shift_i``.
+DELTA_SHIFT = "delta_shift"
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What the machinery may rely on about an aggregator, where it cannot be read from the code.

@@ -58,3 +58,28 @@ for spec in (
                   "Harmonization, IEEE SPL 2024", defaults=UNIFORM),
 ):
     register_preset(spec)
+
+# --- the seeds' other baselines (issue 19) --------------------------------------------------------------------
+for spec in (
+    AlgorithmSpec("moon", "none", ("moon",), "mean",
+                  "Model-contrastive loss pulling the representation to the global model's, away from the previous "
+                  "local model's.", "Li et al., Model-Contrastive Federated Learning, CVPR 2021"),
+    AlgorithmSpec("feddecorr", "none", ("feddecorr",), "mean",
+                  "Decorrelation of the representation's dimensions (||K||_F^2 / d^2) against dimensional collapse.",
+                  "Shi et al., Towards Understanding and Mitigating Dimensional Collapse in Heterogeneous Federated "
+                  "Learning, ICLR 2023"),
+    AlgorithmSpec("fedcm", "none", ("momentum",), "mean",
+                  "Client-level momentum: d = a*g + (1-a)*Delta^{t-1}, Delta the last global update per local step.",
+                  "Xu et al., FedCM: Federated Learning with Client-level Momentum, 2021",
+                  defaults={"momentum_alpha": 0.1, "momentum_first_round": "zero_momentum", **UNIFORM}),
+    AlgorithmSpec("feddc", "none", ("feddc", "scaffold"), "shifted_mean",
+                  "Local drift variable h_i (penalty alpha/2 ||w + h_i - w^t||^2) with SCAFFOLD's gradient "
+                  "correction; the server averages w_i + h_i.",
+                  "Gao et al., FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling and Correction, "
+                  "CVPR 2022"),
+    AlgorithmSpec("fedspeed", "fedspeed_sam", ("fedspeed",), "shifted_mean",
+                  "Merged SAM gradient with a prox-correction term; clients send w_i - lambda g_hat_i.",
+                  "Sun et al., FedSpeed: Larger Local Interval, Less Communication Round, and Higher Generalization "
+                  "Accuracy, ICLR 2023", defaults=UNIFORM),
+):
+    register_preset(spec)

@@ -9,6 +9,7 @@ from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .. import runtime
+from ..algorithms.base import LossContext, LossTerm
 from ..algorithms.composed import FederatedAlgorithm
 from ..runtime import trainer as fast
 from ..runtime.memory import HeapTrimmer
@@ -145,6 +146,58 @@ class ClientTrainer(Trainer):
         self.gradient_passes += result.gradient_passes
         self.in_place_steps += result.in_place
         return result.loss
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The Trainer's loss, plus the algorithm's loss terms (:class:`~hf_fedflat.algorithms.base.LossTerm`: MOON,
+        FedDecorr) on training forwards. Without a loss term this is the Trainer's own method, untouched."""
+        terms = self._loss_terms()
+        if not terms or not model.training:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        capture = self._representation_capture()
+        mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+        with capture.active():
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                 num_items_in_batch=num_items_in_batch)
+        representation = capture.take(mask)
+        represent_at = lambda flat: self._represent_at(model, inputs, flat, mask)  # noqa: E731
+        extra = sum(term.extra_loss(outputs, representation, LossContext(self.workspaces[term.name], represent_at,
+                                                                          inputs)) for term in terms)
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            # the model's loss is already this micro-batch's share of the step (the Trainer does not divide it
+            # by the accumulation steps then): give the per-micro-batch mean terms the same share
+            extra = extra / max(1, getattr(self, "current_gradient_accumulation_steps", 1) or 1)
+        loss = loss + extra
+        return (loss, outputs) if return_outputs else loss
+
+    def _loss_terms(self) -> list:
+        algorithm = self.algorithm
+        if algorithm is None:
+            return []
+        return [piece for piece in algorithm.corrections if isinstance(piece, LossTerm)]
+
+    def _representation_capture(self):
+        model = self.model
+        if getattr(self, "_capture", None) is None or self._capture_model is not model:
+            from ..models.representation import RepresentationCapture
+
+            self._capture, self._capture_model = RepresentationCapture(model), model
+        return self._capture
+
+    def _represent_at(self, model, inputs, flat: torch.Tensor, mask) -> torch.Tensor:
+        """The representation of ``inputs`` at the trainable weights ``flat`` (no gradient, eval mode, the model's
+        own weights untouched)."""
+        capture = self._representation_capture()
+        params = dict(zip(self.space.names, self.space.split(flat.to(self.space.device, self.space.dtype))))
+        inputs = {k: v for k, v in inputs.items() if k != "labels"} if isinstance(inputs, dict) else inputs
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), capture.active():
+                torch.func.functional_call(model, params, args=(), kwargs=inputs, strict=False)
+                return capture.take(mask)
+        finally:
+            model.train(was_training)
 
     def _forward_loss(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """The micro-batch's loss with its graph and no backward, as ``Trainer.training_step`` computes it (for

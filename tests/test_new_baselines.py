@@ -1,0 +1,327 @@
+"""The seeds' other baselines (MOON, FedDecorr, FedCM, FedDC, FedSpeed) against their formulas, computed by hand.
+
+As in test_algorithm_zoo.py the tiny model sees its whole 8-sample dataset as one batch, so every local step is
+the full-data gradient of the method's objective at the current weights, computed here independently (autograd
+of the objective written out, MOON's and FedDecorr's losses from their papers' formulas). The representation of
+the tiny model is the input of its last layer, ``tanh(x W1^T + b1)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hf_fedflat import build_algorithm
+from hf_fedflat.algorithms import ClientUpdate, LocalResult
+from hf_fedflat.algorithms.base import DELTA_SHIFT
+from hf_fedflat.models.representation import pool, representation_module, RepresentationCapture
+
+from conftest import tiny_loss
+from step_helpers import LR, context, flat, make_trainer, run_client
+
+EPS = 1e-12
+
+
+def setup(tmp_path, model, data, **overrides):
+    args, trainer = make_trainer(tmp_path, model, **overrides)
+    x, y = data[:]["x"], data[:]["labels"]
+    return args, trainer, build_algorithm(args), x, y, trainer.space.flatten()
+
+
+def features(params, x):
+    """The tiny model's representation at explicit parameters ``[W1, b1, W2, b2]``: ``tanh(x W1^T + b1)``."""
+    return torch.tanh(x @ params[0].T + params[1])
+
+
+def grad_of(objective, trainer, w):
+    """Gradient of ``objective(params)`` at the flat weights ``w`` (independent of the training step)."""
+    params = [p.detach().clone().requires_grad_(True) for p in trainer.space.split(w)]
+    return flat(torch.autograd.grad(objective(params), params))
+
+
+def descend(w0, steps, direction):
+    w = w0.clone()
+    for _ in range(steps):
+        w = w - LR * direction(w)
+    return w
+
+
+def vector(dim, seed, scale=0.1):
+    return scale * torch.randn(dim, generator=torch.Generator().manual_seed(seed))
+
+
+def update(client_id, delta, messages=None, steps=2):
+    return ClientUpdate(client_id, 8, steps, 0.0, delta, messages=messages or {})
+
+
+# --- FedCM ------------------------------------------------------------------------------------------------
+def test_fedcm_mixes_the_broadcast_global_update(tmp_path, tiny_model, tiny_data):
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="fedcm")
+    assert args.momentum_alpha == 0.1 and args.momentum_first_round == "zero_momentum"
+    assert args.aggregation_weights == "uniform"
+    a = 0.1
+    m = vector(w0.numel(), 1)  # Delta^{t-1} = -(global change) / (K eta)
+    g = lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w)  # noqa: E731
+    expected = descend(w0, 2, lambda w: a * g(w) + (1 - a) * m)
+    run_client(trainer, algorithm, tiny_data, context(trainer, broadcast={"momentum": {"m": m,
+                                                                                       "ready": torch.ones(1)}}), 2)
+    torch.testing.assert_close(trainer.space.flatten(), expected, rtol=0, atol=1e-6)
+
+    # server: Delta^t = -(sum_i Delta_i / |S|) / (K eta), uniform over the two clients
+    d1, d2 = vector(w0.numel(), 2), vector(w0.numel(), 3)
+    state = algorithm.init_server_state(w0)
+    _, state = algorithm.server_step(0, w0, [update(0, d1, steps=3), update(1, d2, steps=3)],
+                                     torch.tensor([0.5, 0.5]), state, 2, learning_rate=LR)
+    torch.testing.assert_close(state["momentum"]["m"], -(d1 + d2) / 2 / (3 * LR), rtol=0, atol=1e-7)
+
+
+def test_fedcm_first_round_has_no_momentum(tmp_path, tiny_model, tiny_data):
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="fedcm")
+    g = lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w)  # noqa: E731
+    expected = descend(w0, 2, lambda w: 0.1 * g(w))  # Delta^0 = 0
+    broadcast = algorithm.broadcast(algorithm.init_server_state(w0))
+    run_client(trainer, algorithm, tiny_data, context(trainer, broadcast=broadcast), 2)
+    torch.testing.assert_close(trainer.space.flatten(), expected, rtol=0, atol=1e-6)
+
+
+# --- FedDC ------------------------------------------------------------------------------------------------
+def test_feddc_local_steps_drift_and_server(tmp_path, tiny_model, tiny_data):
+    alpha = 0.3
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="feddc",
+                                               feddc_alpha=alpha)
+    dim = w0.numel()
+    w_global = w0 + vector(dim, 1)
+    h, c, c_i = vector(dim, 2), vector(dim, 3), vector(dim, 4)
+
+    def objective(p, anchor):  # L_i(w) + alpha/2 ||w + h - w^t||^2 + <w, c - c_i>
+        w = flat(p)
+        return tiny_loss(tiny_model, p, x, y) + alpha / 2 * (w + h - anchor).pow(2).sum() + w @ (c - c_i)
+
+    expected = descend(w0, 3, lambda w: grad_of(lambda p: objective(p, w_global), trainer, w))
+    ctx = context(trainer, broadcast={"scaffold": {"c": c}}, state={"feddc": {"h": h}, "scaffold": {"c_i": c_i}})
+    ctx.global_params = w_global
+    workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=3)
+    w_i = trainer.space.flatten()
+    torch.testing.assert_close(w_i, expected, rtol=0, atol=1e-6)
+
+    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(w_i, 3, w_i - w_global))
+    h_new = h + (w_i - w_global)  # h_i += w_i - w^t
+    torch.testing.assert_close(state["feddc"]["h"], h_new, rtol=0, atol=1e-7)
+    torch.testing.assert_close(messages["feddc"][DELTA_SHIFT], h_new, rtol=0, atol=1e-7)
+    torch.testing.assert_close(state["scaffold"]["c_i"], c_i - c - (w_i - w_global) / (3 * LR), rtol=0, atol=1e-6)
+
+    # server: w^{t+1} = mean_i (w_i + h_i) (sampled clients, equal weights); SCAFFOLD's c from the raw deltas
+    d1, d2, h1, h2 = (vector(dim, s) for s in (5, 6, 7, 8))
+    server_state = algorithm.init_server_state(w_global)
+    new_w, server_state = algorithm.server_step(
+        0, w_global, [update(0, d1, {"feddc": {DELTA_SHIFT: h1}}), update(1, d2, {"feddc": {DELTA_SHIFT: h2}})],
+        torch.tensor([0.5, 0.5]), server_state, 4, learning_rate=LR)
+    torch.testing.assert_close(new_w, ((w_global + d1 + h1) + (w_global + d2 + h2)) / 2, rtol=0, atol=1e-7)
+    torch.testing.assert_close(server_state["scaffold"]["c"], -(d1 + d2) / (4 * 2 * LR), rtol=0, atol=1e-6)
+
+
+# --- FedSpeed ---------------------------------------------------------------------------------------------
+def test_fedspeed_merged_gradient_prox_correction_and_sent_model(tmp_path, tiny_model, tiny_data):
+    rho, alpha, lam = 0.2, 0.4, 2.0
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="fedspeed", rho=rho,
+                                               fedspeed_alpha=alpha, fedspeed_lambda=lam)
+    assert algorithm.passes_per_step == 2 and args.aggregation_weights == "uniform"
+    dim = w0.numel()
+    w_global = w0 + vector(dim, 1)
+    g_hat = vector(dim, 2)
+    g = lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w)  # noqa: E731
+
+    def direction(w):  # Alg. 1 lines 5-9
+        g1 = g(w)
+        g2 = g(w + rho * g1 / (g1.norm() + EPS))
+        return (1 - alpha) * g1 + alpha * g2 - g_hat + (w - w_global) / lam
+
+    expected = descend(w0, 2, direction)
+    ctx = context(trainer, state={"fedspeed": {"g_hat": g_hat}})
+    ctx.global_params = w_global
+    workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=2)
+    w_i = trainer.space.flatten()
+    torch.testing.assert_close(w_i, expected, rtol=0, atol=1e-6)
+    assert trainer.gradient_passes == 4
+
+    state, messages = algorithm.end_client(ctx, workspaces, LocalResult(w_i, 2, w_i - w_global))
+    g_hat_new = g_hat - (w_i - w_global) / lam  # line 11
+    torch.testing.assert_close(state["fedspeed"]["g_hat"], g_hat_new, rtol=0, atol=1e-7)
+    x_hat = w_i - lam * g_hat_new  # line 12: what the client sends
+    torch.testing.assert_close(w_global + (w_i - w_global) + messages["fedspeed"][DELTA_SHIFT], x_hat,
+                               rtol=0, atol=1e-6)
+
+    other = w_global + vector(dim, 3)  # a second client's x_hat
+    new_w, _ = algorithm.server_step(
+        0, w_global, [update(0, w_i - w_global, messages), update(1, other - w_global)],
+        torch.tensor([0.5, 0.5]), algorithm.init_server_state(w_global), 2, learning_rate=LR)
+    torch.testing.assert_close(new_w, (x_hat + other) / 2, rtol=0, atol=1e-6)  # line 14: mean of x_hat
+
+
+# --- MOON -------------------------------------------------------------------------------------------------
+def moon_term(z, z_glob, z_prev, tau):
+    """MOON eq. (2) written out with exponentials, mean over the batch."""
+    cos = lambda a, b: (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))  # noqa: E731
+    pos, neg = torch.exp(cos(z, z_glob) / tau), torch.exp(cos(z, z_prev) / tau)
+    return (-torch.log(pos / (pos + neg))).mean()
+
+
+@pytest.mark.parametrize("perturbation", [None, "lesam"])
+def test_moon_contrastive_loss_on_the_representation(tmp_path, tiny_model, tiny_data, perturbation):
+    mu, tau, rho = 2.0, 0.5, 0.3
+    extra = {"perturbation": perturbation, "rho": rho} if perturbation else {}
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="moon", moon_mu=mu,
+                                               moon_temperature=tau, **extra)
+    dim = w0.numel()
+    w_global, w_prev = w0 + vector(dim, 1), w0 + vector(dim, 2, 0.5)
+    split = trainer.space.split
+    z_glob, z_prev = features(split(w_global), x), features(split(w_prev), x)
+
+    def objective(p):
+        return tiny_loss(tiny_model, p, x, y) + mu * moon_term(features(p, x), z_glob, z_prev, tau)
+
+    state = {"moon": {"w_prev": w_prev}}
+    offset = torch.zeros(dim)
+    if perturbation:  # MOON + LESAM: the composite loss's gradient at w + e, e = rho (w_old - w^t)/||.||
+        w_old = w_global + vector(dim, 3)
+        state["lesam"] = {"w_old": w_old}
+        offset = rho * (w_old - w_global) / ((w_old - w_global).norm() + EPS)
+    expected = descend(w0, 2, lambda w: grad_of(objective, trainer, w + offset))
+    ctx = context(trainer, state=state)
+    ctx.global_params = w_global
+    workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=2)
+    w_i = trainer.space.flatten()
+    torch.testing.assert_close(w_i, expected, rtol=0, atol=1e-6)
+    plain = descend(w0, 2, lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w + offset))
+    assert (w_i - plain).abs().max() > 1e-4  # the contrastive term changed the step: the check has teeth
+    new_state, _ = algorithm.end_client(ctx, workspaces, LocalResult(w_i, 2, w_i - w_global))
+    torch.testing.assert_close(new_state["moon"]["w_prev"], w_i, rtol=0, atol=1e-7)  # previous local model
+
+
+def test_moon_first_round_is_erm(tmp_path, tiny_model, tiny_data):
+    """No previous local model yet: z_prev = z_glob, l_con = log 2 with zero gradient."""
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="moon", moon_mu=5.0)
+    z = features(trainer.space.split(w0), x)
+    assert abs(float(moon_term(z, z + 0.1, z + 0.1, 0.5)) - math.log(2)) < 1e-6
+    expected = descend(w0, 2, lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w))
+    run_client(trainer, algorithm, tiny_data, context(trainer), 2)
+    torch.testing.assert_close(trainer.space.flatten(), expected, rtol=0, atol=1e-6)
+
+
+def test_moon_with_fedgh_in_front(tmp_path, tiny_model, tiny_data):
+    """moon x mean+fedgh: the harmonized mean of two conflicting updates, projected by hand."""
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="moon",
+                                               aggregator="mean+fedgh")
+    assert algorithm.describe()["corrections"] == ["moon"] and algorithm.aggregator.name == "mean+fedgh"
+    d1 = vector(w0.numel(), 4)
+    d2 = -d1 + vector(w0.numel(), 5, 0.02)
+    assert d1 @ d2 < 0
+    g1 = d1 - (d1 @ d2) / (d2 @ d2) * d2
+    g2 = d2 - (d2 @ d1) / (d1 @ d1) * d1
+    new_w, _ = algorithm.server_step(0, w0, [update(0, d1), update(1, d2)], torch.tensor([0.5, 0.5]),
+                                     algorithm.init_server_state(w0), 2, learning_rate=LR)
+    torch.testing.assert_close(new_w, w0 + (g1 + g2) / 2, rtol=0, atol=1e-6)
+
+
+# --- FedDecorr --------------------------------------------------------------------------------------------
+def test_feddecorr_adds_the_decorrelation_loss(tmp_path, tiny_model, tiny_data):
+    beta = 0.7
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="feddecorr",
+                                               feddecorr_beta=beta)
+
+    def objective(p):
+        z = features(p, x)
+        d = z.shape[1]
+        correlation = torch.corrcoef(z.T)  # Pearson correlation of the d dimensions over the batch
+        return tiny_loss(tiny_model, p, x, y) + beta * correlation.pow(2).sum() / d ** 2
+
+    expected = descend(w0, 2, lambda w: grad_of(objective, trainer, w))
+    run_client(trainer, algorithm, tiny_data, context(trainer), 2)
+    w_i = trainer.space.flatten()
+    torch.testing.assert_close(w_i, expected, rtol=0, atol=1e-5)
+    plain = descend(w0, 2, lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w))
+    assert (w_i - plain).abs().max() > 1e-4
+
+
+def test_feddecorr_with_a_sam_perturbation_runs_the_loss_at_both_points(tmp_path, tiny_model, tiny_data):
+    beta, rho = 0.7, 0.2
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="feddecorr",
+                                               perturbation="sam", feddecorr_beta=beta, rho=rho)
+
+    def objective(p):
+        z = features(p, x)
+        return tiny_loss(tiny_model, p, x, y) + beta * torch.corrcoef(z.T).pow(2).sum() / z.shape[1] ** 2
+
+    def direction(w):
+        g = grad_of(objective, trainer, w)
+        return grad_of(objective, trainer, w + rho * g / (g.norm() + EPS))
+
+    run_client(trainer, algorithm, tiny_data, context(trainer), 2)
+    torch.testing.assert_close(trainer.space.flatten(), descend(w0, 2, direction), rtol=0, atol=1e-5)
+
+
+# --- the representation hook --------------------------------------------------------------------------------
+def capture(model, *args, mask=None, **kwargs):
+    grab = RepresentationCapture(model)
+    with grab.active():
+        model(*args, **kwargs)
+    return grab.take(mask)
+
+
+def test_representation_of_a_timm_model_is_forward_head_pre_logits():
+    import timm
+    torch.manual_seed(0)
+    model = timm.create_model("resnet10t", num_classes=3, pretrained=False).eval()
+    x = torch.randn(2, 3, 32, 32)
+    assert representation_module(model) is model.get_classifier()
+    with torch.no_grad():
+        want = model.forward_head(model.forward_features(x), pre_logits=True)
+        torch.testing.assert_close(capture(model, x), want, rtol=0, atol=0)
+
+
+def test_representation_of_hf_fedflat_image_classifier_reads_the_timm_head():
+    from hf_fedflat.models import create_model
+
+    model = create_model("resnet18_gn", num_classes=3, in_chans=3, image_size=32).eval()
+    head = representation_module(model)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        z = capture(model, pixel_values=x)
+        torch.testing.assert_close(head(z), model(pixel_values=x).logits, rtol=0, atol=1e-6)
+    assert z.shape == (2, head.in_features)
+
+
+def test_representation_of_transformers_classifiers():
+    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
+
+    torch.manual_seed(0)
+    ids = torch.randint(1, 50, (2, 5))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    bert = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                                    num_attention_heads=2, intermediate_size=32, num_labels=3)).eval()
+    assert representation_module(bert) is bert.classifier
+    with torch.no_grad():
+        z = capture(bert, input_ids=ids, attention_mask=mask, mask=mask)
+        torch.testing.assert_close(z, bert.bert(input_ids=ids, attention_mask=mask).pooler_output, rtol=0, atol=1e-6)
+
+    gpt = GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, num_labels=3,
+                                                   pad_token_id=0)).eval()
+    assert representation_module(gpt) is gpt.score
+    with torch.no_grad():
+        z = capture(gpt, input_ids=ids, attention_mask=mask, mask=mask)
+        hidden = gpt.transformer(input_ids=ids, attention_mask=mask).last_hidden_state
+    want = torch.stack([hidden[0].mean(0), hidden[1, :3].mean(0)])  # mean over the attended tokens
+    torch.testing.assert_close(z, want, rtol=0, atol=1e-6)
+
+
+def test_representation_module_can_be_named_and_a_model_without_head_is_refused():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3))
+    with pytest.raises(ValueError, match="representation_module"):
+        representation_module(model)
+    named = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    named.representation_module = "0"
+    assert representation_module(named) is named[0]
+    assert pool(torch.ones(2, 3, 4)).shape == (2, 4)
