@@ -39,6 +39,7 @@ _GROUP_TITLES = {
 }
 RECIPE_GROUP = "recipe options"
 FEDERATED_GROUP = "federated options (the run, its algorithm and each client's local training)"
+HYPERPARAMETER_GROUP = "algorithm hyperparameters (each piece's; unset: the preset's default, then the piece's)"
 INHERITED_GROUP = "inherited Trainer options (transformers.TrainingArguments, for each client's local Trainer)"
 
 
@@ -84,16 +85,20 @@ def _arrange_help(parser: argparse.ArgumentParser, dataclass_types: Sequence[typ
 
     from .trainer_fields import REFUSED_TRAINER_FIELDS
 
+    from .algorithms.registry import hyperparameter_fields
+
     refused = {row.name: row for row in REFUSED_TRAINER_FIELDS}
+    hyperparameters = {f.name for f in hyperparameter_fields()}
     title_of: dict[str, str] = {}
     for dtype in dataclass_types:
         title, own = _group_of(dtype)
         for f in dataclasses.fields(dtype):
             if own is None or f.name in own:
-                title_of[f.name] = title
+                title_of[f.name] = HYPERPARAMETER_GROUP if title == FEDERATED_GROUP and f.name in hyperparameters \
+                    else title
             elif issubclass(dtype, TrainingArguments):
                 title_of[f.name] = INHERITED_GROUP
-    order = [RECIPE_GROUP, FEDERATED_GROUP, *_GROUP_TITLES.values(), INHERITED_GROUP]
+    order = [RECIPE_GROUP, FEDERATED_GROUP, HYPERPARAMETER_GROUP, *_GROUP_TITLES.values(), INHERITED_GROUP]
     titles = sorted(set(title_of.values()), key=order.index)
     groups = {title: parser.add_argument_group(title) for title in titles}
     for action in list(parser._optionals._group_actions):

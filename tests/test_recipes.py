@@ -131,3 +131,15 @@ def test_quickstart_runs_a_decentralized_algorithm(tmp_path):
     assert rows[0]["algorithm"] == "dfedgam"
     history = json.loads((tmp_path / "history.json").read_text())
     assert "consensus_distance" in history[-1]
+
+
+def test_quickstart_and_compare_algorithms_take_smoke(tmp_path):
+    """`accelerate launch recipes/quickstart.py --smoke` (and compare_algorithms.py): seconds, offline."""
+    rows = load_recipe("quickstart").main(["--smoke", "--output_dir", str(tmp_path / "quick")])
+    assert [r["algorithm"] for r in rows] == ["fedavg", "fedsam"]
+    for name in ("fedavg", "fedsam"):
+        history = json.loads((tmp_path / "quick" / name / "history.json").read_text())
+        assert [r["round"] for r in history] == [1, 2] and history[0]["num_clients"] == 2
+    rows = load_recipe("compare_algorithms").main(["--smoke", "--output_dir", str(tmp_path / "compare")])
+    assert [r["algorithm"] for r in rows] == ["fedavg", "fedlesam"]
+    assert (tmp_path / "compare" / "results.md").exists()
