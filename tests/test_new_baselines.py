@@ -19,7 +19,7 @@ from hf_fedflat.algorithms import ClientUpdate, LocalResult
 from hf_fedflat.algorithms.base import DELTA_SHIFT
 from hf_fedflat.models.representation import pool, representation_module, RepresentationCapture
 
-from conftest import tiny_loss
+from conftest import TinyClassifier, tiny_loss
 from step_helpers import LR, context, flat, make_trainer, run_client
 
 EPS = 1e-12
@@ -325,3 +325,56 @@ def test_representation_module_can_be_named_and_a_model_without_head_is_refused(
     named.representation_module = "0"
     assert representation_module(named) is named[0]
     assert pool(torch.ones(2, 3, 4)).shape == (2, 4)
+
+
+# --- MimeLite ---------------------------------------------------------------------------------------------
+def test_mimelite_steps_with_the_server_momentum_and_sends_the_full_gradient(tmp_path, tiny_model, tiny_data):
+    beta = 0.7
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="mimelite",
+                                               mime_beta=beta, per_device_eval_batch_size=3)
+    assert args.aggregation_weights == "uniform"
+    m = vector(w0.numel(), 1)
+    g = lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w)  # noqa: E731
+    expected = descend(w0, 3, lambda w: (1 - beta) * g(w) + beta * m)  # m fixed during local training
+    ctx = context(trainer, broadcast={"mimelite": {"m": m}})
+    ctx.full_gradient = lambda: trainer.full_gradient(tiny_data)  # batches of 3, 3, 2 rows
+    workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=3)
+    w_i = trainer.space.flatten()
+    torch.testing.assert_close(w_i, expected, rtol=0, atol=1e-6)
+    _, messages = algorithm.end_client(ctx, workspaces, LocalResult(w_i, 3, w_i - w0))
+    torch.testing.assert_close(messages["mimelite"]["grad"], g(w0), rtol=0, atol=1e-6)  # at x = w^t, all data
+
+    g1, g2, m_old = vector(w0.numel(), 2), vector(w0.numel(), 3), vector(w0.numel(), 4)
+    _, state = algorithm.server_step(
+        0, w0, [update(0, vector(w0.numel(), 5), {"mimelite": {"grad": g1}}),
+                update(1, vector(w0.numel(), 6), {"mimelite": {"grad": g2}})],
+        torch.tensor([0.5, 0.5]), {"mimelite": {"m": m_old}}, 2, learning_rate=LR)
+    torch.testing.assert_close(state["mimelite"]["m"], (1 - beta) * (g1 + g2) / 2 + beta * m_old, rtol=0, atol=1e-7)
+
+
+def test_mimelite_round_loop_computes_the_full_gradient_at_the_global_model(tmp_path):
+    from test_federated_run import TRAIN, run
+
+    beta = 0.5
+    trainer, output = run(tmp_path, fed_algorithm="mimelite", mime_beta=beta, num_clients=2, clients_per_round=2,
+                          num_rounds=1, local_steps=1)
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    w0 = [p.detach() for p in model.parameters()]
+    grads = []
+    for client in range(2):
+        rows = TRAIN.select(trainer.partition.client_indices[client].tolist()).with_format("torch")
+        params = [p.clone().requires_grad_(True) for p in w0]
+        grads.append(flat(torch.autograd.grad(tiny_loss(model, params, rows[:]["x"], rows[:]["labels"]), params)))
+    want = (1 - beta) * (grads[0] + grads[1]) / 2  # m starts at 0
+    torch.testing.assert_close(trainer.strategy.state["mimelite"]["m"], want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["moon", "feddecorr", "fedcm", "feddc", "fedspeed", "mimelite", "moon+fedgh",
+                                       "feddc+fedgh", "fedspeed+fedgh"])
+def test_new_presets_train_end_to_end(tmp_path, algorithm):
+    from test_federated_run import run
+
+    trainer, output = run(tmp_path, fed_algorithm=algorithm, num_rounds=3, local_steps=3)
+    assert torch.isfinite(output.params).all() and [r["round"] for r in output.history] == [1, 2, 3]
+    assert output.history[-1]["train_loss"] < output.history[0]["train_loss"] * 1.5

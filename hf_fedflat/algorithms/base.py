@@ -47,6 +47,10 @@ class ClientContext:
         state: per piece name, this client's stored state (empty the first time the client takes part).
         learning_rate: the round's local learning rate ``eta_t``.
         num_samples: ``n_i``.
+        full_gradient: ``full_gradient()`` -> the gradient of the client's loss over all its data at the weights the
+            model holds when called (``w^t`` in :meth:`ClientPiece.begin`), flat, on the training device: one pass
+            over the client's data without optimizer step (MimeLite's ``grad f_i(x)``), run only when called. None
+            where no data is at hand (a test's context).
     """
 
     client_id: int
@@ -56,6 +60,7 @@ class ClientContext:
     state: dict[str, StateDict]
     learning_rate: float
     num_samples: int
+    full_gradient: Callable[[], Tensor] | None = None
 
 
 class LocalResult:

@@ -83,3 +83,9 @@ for spec in (
                   "Accuracy, ICLR 2023", defaults=UNIFORM),
 ):
     register_preset(spec)
+register_preset(AlgorithmSpec(
+    "mimelite", "none", ("mimelite",), "mean",
+    "Clients step with the server's momentum (fixed in the round); the server updates it with the clients' "
+    "full-batch gradients at the global model.",
+    "Karimireddy et al., Breaking the centralized barrier for cross-device federated learning (Mime), NeurIPS 2021",
+    defaults=UNIFORM))

@@ -170,6 +170,33 @@ class ClientTrainer(Trainer):
         loss = loss + extra
         return (loss, outputs) if return_outputs else loss
 
+    def full_gradient(self, dataset) -> torch.Tensor:
+        """The gradient of the mean loss over all of ``dataset`` at the model's current weights, flat (MimeLite's
+        full-batch ``grad f_i(x)``, see ``ClientContext.full_gradient``).
+
+        One pass over the data in batches of ``per_device_eval_batch_size`` (the eval dataloader: collator, no
+        shuffling), each batch's mean loss weighted by its rows; the model in eval mode (no dropout, batch-norm
+        running statistics used, not updated: the gradient of one deterministic function); no optimizer step, no
+        loss term of the algorithm; ``p.grad`` is left empty."""
+        model = self.model
+        was_training = model.training
+        model.eval()
+        self.space.clear_grad()
+        rows = 0
+        try:
+            for batch in self.get_eval_dataloader(dataset):
+                inputs = self._prepare_inputs(batch)
+                size = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).shape[0]
+                with self.compute_loss_context_manager():
+                    loss = Trainer.compute_loss(self, model, inputs)
+                (loss * size).backward()
+                rows += size
+            gradient = self.space.grad()
+        finally:
+            self.space.clear_grad()
+            model.train(was_training)
+        return gradient.div_(max(rows, 1))
+
     def _loss_terms(self) -> list:
         algorithm = self.algorithm
         if algorithm is None:
