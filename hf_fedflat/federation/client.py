@@ -14,6 +14,7 @@ import torch
 from ..algorithms import ClientContext, ClientUpdate, LocalResult
 from ..diagnostics.run import DIAGNOSTICS_MESSAGE
 from ..training.parameters import all_finite
+from ..runtime.materialize import materialize, skip_missing_video_reader, wrap_collator
 from ..runtime.vectors import empty_like
 from .load_balance import local_work
 from ..sampling import derive_seed
@@ -49,6 +50,7 @@ class LocalTraining:
         self.partition, self.train_dataset = partition, train_dataset
         self.client_sizes = [int(n) for n in partition.num_samples]
         self._client_datasets: dict[int, Any] = {}  # index views, built once per client
+        self._materialized = None  # runtime.materialize.Materialized, False (not applicable) or None (not yet known)
 
     def load_weights(self, params: torch.Tensor, buffers: torch.Tensor | None = None) -> None:
         """Put ``params`` (and ``buffers``, when averaged) into the model."""
@@ -57,9 +59,27 @@ class LocalTraining:
             self.buffer_space.load_(buffers)
 
     def client_dataset(self, client_id: int):
+        """The client's rows: a ``datasets`` subset, or a view of the materialised columns (``runtime.materialize``)."""
         if client_id not in self._client_datasets:
-            self._client_datasets[client_id] = self.partition.client_dataset(self.train_dataset, client_id)
+            dataset = self.partition.client_dataset(self.train_dataset, client_id)
+            if self._materialized is None:  # decided once per run, at the first client
+                self._materialized = self._materialize()
+            if self._materialized:
+                dataset = self._materialized.rows(self.partition.client_indices[client_id])
+            self._client_datasets[client_id] = dataset
         return self._client_datasets[client_id]
+
+    def _materialize(self):
+        """The training data as tensors (mechanism ``materialize``), or False where that does not apply."""
+        trainer = self.client_trainer
+        if not trainer.fast_path("materialize"):
+            return False
+        materialized = materialize(trainer, self.train_dataset)
+        if materialized is None:
+            skip_missing_video_reader()  # the datasets path formats every value: one probe, not one per value
+            return False
+        trainer.data_collator = wrap_collator(trainer.data_collator)
+        return materialized
 
     def local_work(self, client_id: int) -> tuple[int, int]:
         """``(optimizer steps, samples forwarded)`` of the client's local run (the Trainer's schedule)."""
@@ -86,7 +106,6 @@ class LocalTraining:
             state={p: {k: t.to(device) for k, t in part.items()} for p, part in state.items()},
             learning_rate=learning_rate,
             num_samples=self.client_sizes[client_id],
-            full_gradient=lambda: trainer.full_gradient(self.client_dataset(client_id)),
         )
         workspaces = self.algorithm.begin_client(ctx)
         dataset = self.client_dataset(client_id)

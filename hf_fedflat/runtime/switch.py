@@ -31,6 +31,7 @@ MECHANISMS: tuple[str, ...] = (
     "cached_lookups",    # accelerate's is_lomo_available / is_deepspeed_available cached
     "seed_shortcut",     # CPU generators seeded directly instead of transformers.set_seed
     "select_rows",       # client datasets selected without hashing the transform (datasets.select_rows)
+    "materialize",       # fixed-shape numeric client data read once into tensors, batches by one index (materialize)
 )
 
 

@@ -1,0 +1,226 @@
+"""Workload 6 of issue 20: data as users store it (CPU).
+
+    python benchmarks/user_data.py [--rounds 100] [--repeats 2] [--formats torch,numpy] [--output benchmarks/user_data.json]
+    python benchmarks/user_data.py --profile      # cProfile of one FedAvg run per format, no lock-step
+
+The FedAvg job of a plain PyTorch loop: scikit-learn digits (8x8, the whole 1,797 images), 100 Dirichlet
+(0.3) clients, 10 per round, a 4.9k-parameter CNN (``small_cnn`` with 8/16 channels, 3x3 kernels, 48
+hidden units), batch 16, SGD lr 0.05, clipping at 10, one local epoch. The data are handed to
+``FederatedTrainer`` as users hold them: ``datasets.Dataset.from_dict({"pixel_values": nested lists,
+"labels": ints})`` with ``set_format("torch")`` (or ``"numpy"``). The plain loop indexes two tensors.
+
+Sides, in lock-step (``benchmarks/run.py``'s :class:`LockStep`, round ``t`` of every side within the same
+second or two; each round keeps its fastest time over the repeats):
+
+* ``plain_loop``: ``x[idx]``, ``y[idx]`` per batch, the same shuffles (``RandomSampler`` seeded with
+  ``derive_seed(seed, round, client)``), the same clipping and aggregation;
+* ``fedavg_<format>``: ``FederatedTrainer`` on the ``Dataset`` (fast path on: the client data are
+  materialised once as tensors, ``hf_fedflat.runtime.materialize``);
+* ``fedavg_<format>_unmaterialised``: the same with the ``materialize`` mechanism off (datasets formats
+  every row; what the issue measured at 3.3x).
+
+Ratios: seconds per timed round / the plain loop's (target <= 1.10 for the fast path). The final weights of
+every side are compared with the plain loop's (``max_abs_weight_diff``; identical computations give 0).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench  # noqa: E402  (lock-step helpers: LockStep, RunTiming, RoundClock, ratio_record, ...)
+from run import BeforeRound, RoundClock, RoundGate, RunTiming, load_average, load_flat, log, no_gate  # noqa: E402
+
+import datasets  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from torch.nn.utils import parameters_to_vector  # noqa: E402
+from torch.utils.data import RandomSampler  # noqa: E402
+from transformers import set_seed  # noqa: E402
+
+from hf_fedflat import FederatedTrainer  # noqa: E402
+from hf_fedflat.data import partition_dataset  # noqa: E402
+from hf_fedflat.models import create_model  # noqa: E402
+from hf_fedflat.runtime import fast_path  # noqa: E402
+from hf_fedflat.sampling import derive_seed, sample_clients  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    num_rounds: int = 100
+    num_clients: int = 100
+    clients_per_round: int = 10
+    batch_size: int = 16
+    learning_rate: float = 0.05
+    max_grad_norm: float = 10.0
+    dirichlet_alpha: float = 0.3
+    min_partition_size: int = 2
+    seed: int = 42
+
+
+MODEL_KWARGS = dict(conv_channels=(8, 16), hidden_dim=48, kernel_size=3)
+
+
+@dataclasses.dataclass
+class Data:
+    x: torch.Tensor  # (N, 1, 8, 8) float32
+    y: torch.Tensor  # (N,) int64
+    raw: dict  # the columns as users hold them (nested lists, ints)
+    partition: object
+
+
+def load(setting: Setting) -> Data:
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[:, None]  # exact in float32
+    y = digits.target.astype(np.int64)
+    raw = {"pixel_values": x.tolist(), "labels": y.tolist()}
+    labelled = datasets.Dataset.from_dict({"label": y.tolist()})
+    partition = partition_dataset(labelled, setting.num_clients, "dirichlet", alpha=setting.dirichlet_alpha,
+                                  min_partition_size=setting.min_partition_size, seed=setting.seed)
+    return Data(torch.from_numpy(x), torch.from_numpy(y), raw, partition)
+
+
+def user_dataset(data: Data, fmt: str) -> datasets.Dataset:
+    dataset = datasets.Dataset.from_dict(data.raw)
+    dataset.set_format(fmt)
+    return dataset
+
+
+def fresh_model(setting: Setting) -> torch.nn.Module:
+    set_seed(setting.seed)
+    return create_model("small_cnn", num_classes=10, in_chans=1, image_size=8, **MODEL_KWARGS)
+
+
+def run_plain(setting: Setting, data: Data, before_round: RoundGate = no_gate) -> RunTiming:
+    """FedAvg as a plain loop over two tensors (the same steps as ``FederatedTrainer``)."""
+    model = fresh_model(setting)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    global_params = parameters_to_vector(params).detach().clone()
+    sizes = torch.tensor([int(n) for n in data.partition.num_samples], dtype=torch.float64)
+    indices = [torch.as_tensor(ix, dtype=torch.int64) for ix in data.partition.client_indices]
+    timing = RunTiming("plain_loop")
+    for round_index in range(setting.num_rounds):
+        before_round(round_index)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        clients = sample_clients(setting.num_clients, setting.clients_per_round, setting.seed, round_index)
+        weights = (sizes[clients] / sizes[clients].sum()).tolist()
+        total = torch.zeros_like(global_params)
+        steps = 0
+        for client_id, weight in zip(clients, weights):
+            load_flat(params, global_params)
+            optimizer = torch.optim.SGD(params, lr=setting.learning_rate)
+            rows = indices[client_id]
+            order = torch.tensor(list(RandomSampler(range(len(rows)), generator=torch.Generator().manual_seed(
+                derive_seed(setting.seed, round_index, client_id)))), dtype=torch.int64)
+            for batch in order.split(setting.batch_size):
+                picked = rows[batch]
+                loss = model(pixel_values=data.x[picked], labels=data.y[picked]).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, setting.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                steps += 1
+            total.add_(parameters_to_vector(params).detach() - global_params, alpha=weight)
+        global_params = global_params + total
+        timing.round_seconds.append(time.perf_counter() - start)
+        timing.round_cpu_seconds.append(time.process_time() - cpu_start)
+        timing.round_steps.append(steps)
+    timing.final_params = global_params
+    return timing
+
+
+def run_trainer(setting: Setting, data: Data, fmt: str, materialize: bool, before_round: RoundGate = no_gate,
+                profile: bool = False) -> RunTiming:
+    label = f"fedavg_{fmt}" + ("" if materialize else "_unmaterialised")
+    timing = RunTiming(label)
+    dataset = user_dataset(data, fmt)  # a fresh Dataset per run: nothing cached from an earlier run
+    with fast_path(True, without=() if materialize else ("materialize",)):
+        with tempfile.TemporaryDirectory(prefix="hf_fedflat_bench_") as output_dir:
+            args = bench.federated_arguments(
+                bench.Setting(num_rounds=setting.num_rounds), "fedavg", output_dir,
+                num_clients=setting.num_clients, clients_per_round=setting.clients_per_round,
+                per_device_train_batch_size=setting.batch_size, learning_rate=setting.learning_rate,
+                max_grad_norm=setting.max_grad_norm, dirichlet_alpha=setting.dirichlet_alpha,
+                min_partition_size=setting.min_partition_size, seed=setting.seed)
+            trainer = FederatedTrainer(fresh_model(setting), args, dataset, None, partition=data.partition,
+                                       label_column="labels",
+                                       callbacks=[BeforeRound(before_round), RoundClock(timing)])
+            profiler = cProfile.Profile() if profile else None
+            if profiler:
+                profiler.enable()
+            output = trainer.train()
+            if profiler:
+                profiler.disable()
+                print(bench.profile_report(profiler, 30))
+    timing.final_params = output.params
+    return timing
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--formats", default="torch,numpy")
+    parser.add_argument("--no-unmaterialised", action="store_true", help="Leave out the sides without materialising.")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    setting = Setting(num_rounds=args.rounds)
+    data = load(setting)
+    formats = [f for f in args.formats.split(",") if f]
+    if args.profile:
+        for fmt in formats:
+            for materialize in (True, False):
+                t0 = time.perf_counter()
+                run_trainer(setting, data, fmt, materialize, profile=True)
+                log(f"profile {fmt} materialize={materialize}: {time.perf_counter() - t0:.2f} s")
+        return []
+    short = dataclasses.replace(setting, num_rounds=3)
+    run_plain(short, data)  # warm-up: one-time costs of the process
+    for fmt in formats:
+        run_trainer(short, data, fmt, True)
+    runners = {"plain_loop": lambda gate: run_plain(setting, data, gate)}
+    for fmt in formats:
+        runners[f"fedavg_{fmt}"] = lambda gate, fmt=fmt: run_trainer(setting, data, fmt, True, gate)
+        if not args.no_unmaterialised:
+            runners[f"fedavg_{fmt}_unmaterialised"] = lambda gate, fmt=fmt: run_trainer(setting, data, fmt, False, gate)
+    load_before = load_average()
+    best = bench.lock_step_repeats(runners, args.repeats, "user data")
+    runs = best.pop("_runs")
+    env = {"load_avg_before": load_before, "load_avg_after": load_average(), "torch_threads": torch.get_num_threads(),
+           "setting": dataclasses.asdict(setting), "model_parameters": sum(p.numel() for p in fresh_model(setting).parameters())}
+    records = []
+    for name, timing in best.items():
+        if name == "plain_loop":
+            continue
+        target = 1.10 if "unmaterialised" not in name else float("inf")
+        records.append(bench.ratio_record(f"user_data_{name}_vs_plain_loop", target, False, f"{name} / plain loop",
+                                          timing, best["plain_loop"], runs, same_math=True, extra=env))
+    for record in records:
+        d = record["details"]
+        print(f"{record['name']}: {record['ratio']:.3f} (target <= {record['target']}) {d['raw']} ms/round; "
+              f"max |dw| {d['max_abs_weight_diff']:.2e}; load {d['load_avg_before']} -> {d['load_avg_after']}")
+    if args.output:
+        Path(args.output).write_text(json.dumps(records, indent=1) + "\n")
+    return records
+
+
+if __name__ == "__main__":
+    main()

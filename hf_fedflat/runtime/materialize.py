@@ -1,0 +1,249 @@
+"""Client data read once into tensors, each batch collated by one index operation.
+
+A ``datasets.Dataset`` in ``torch`` or ``numpy`` format formats every row it serves: for nested numeric
+lists (images stored with ``Dataset.from_dict``) that per-row work was most of a round of a small model
+(issue 20, workload 6: 3.3x a plain loop indexing tensors). When the columns the local ``Trainer`` feeds
+the model are fixed-shape numbers, :class:`Materializer` reads them once, whole (one formatted batch,
+``dataset[:]``), and each client gets :class:`TensorRows`, a light torch ``Dataset`` over its row
+indices whose ``__getitems__`` (which torch's ``DataLoader`` calls with a batch's indices) returns the
+batch already collated. :class:`PreCollated` wraps the Trainer's collator and passes such a batch
+through; everything else goes to the wrapped collator unchanged.
+
+The batches are the ones the Trainer's own path builds: the same rows in the same order (the sampler
+only sees the length), the same columns (the Trainer's ``_remove_unused_columns``), and the collator's
+keys, dtypes and values (only the default collator, ``default_data_collator`` / ``DefaultDataCollator``,
+is reproduced, and the result is checked against the real collator on a sample of rows before use), so
+the final weights are identical (``tests/test_materialize.py``). Anything else (a transform, a custom
+format, strings, ragged lists, another collator, a dataset over the memory budget) keeps the
+``datasets`` path.
+
+The budget: ``HF_FEDFLAT_MATERIALIZE_MAX_BYTES`` (bytes of the materialised columns; default 1 GiB;
+``0`` materialises nothing). The mechanism is ``materialize`` of :mod:`.switch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: environment variable of the memory budget (bytes)
+BUDGET_ENV = "HF_FEDFLAT_MATERIALIZE_MAX_BYTES"
+DEFAULT_MAX_BYTES = 1 << 30
+#: rows of the check against the real collator
+_CHECK_ROWS = 8
+
+
+def max_bytes() -> int:
+    """The memory budget of materialised columns (``HF_FEDFLAT_MATERIALIZE_MAX_BYTES``, default 1 GiB)."""
+    value = os.environ.get(BUDGET_ENV, "").strip()
+    if not value:
+        return DEFAULT_MAX_BYTES
+    try:
+        budget = int(float(value))
+    except ValueError:
+        raise ValueError(f"{BUDGET_ENV}={value!r}: give a number of bytes (e.g. 1073741824; 0 turns it off)") from None
+    if budget < 0:
+        raise ValueError(f"{BUDGET_ENV}={value!r} is negative; give a number of bytes (0 turns it off)")
+    return budget
+
+
+class CollatedBatch:
+    """A batch already collated by :class:`TensorRows` (``__getitems__`` returns it once per row)."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: dict[str, torch.Tensor]):
+        self.batch = batch
+
+
+class PreCollated:
+    """A collator that passes :class:`CollatedBatch` through and hands every other batch to ``collator``."""
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def __call__(self, features):
+        if features and type(features[0]) is CollatedBatch:
+            return features[0].batch
+        return self.collator(features)
+
+    def __getattr__(self, name):  # the wrapped collator's attributes (e.g. tokenizer, return_tensors)
+        if name == "collator":
+            raise AttributeError(name)
+        return getattr(self.collator, name)
+
+
+def wrap_collator(collator):
+    """``collator`` wrapped in :class:`PreCollated` (once)."""
+    return collator if isinstance(collator, PreCollated) else PreCollated(collator)
+
+
+class TensorRows(torch.utils.data.Dataset):
+    """Rows ``indices`` of materialised columns.
+
+    ``ds[i]`` is the row as the source dataset's format gives it (the kept columns); ``ds.__getitems__``
+    (a batch's indices) the batch as the default collator gives it, in a :class:`CollatedBatch` repeated
+    once per row (so the ``DataLoader``'s ``RemoveColumnsCollator`` passes it through unchanged).
+    """
+
+    def __init__(self, materialized: "Materialized", indices):
+        self.materialized = materialized
+        self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = int(self.indices[index])
+        m = self.materialized
+        if m.numpy_format:
+            return {k: (c[row].numpy() if c.dim() > 1 else c[row].numpy()[()]) for k, c in m.columns.items()}
+        return {k: c[row] for k, c in m.columns.items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> list[CollatedBatch]:
+        rows = self.indices[torch.as_tensor(indices, dtype=torch.int64)]
+        return [CollatedBatch(self.materialized.collate(rows))] * len(indices)
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self.materialized.columns)
+
+
+class Materialized:
+    """The kept columns of a dataset as tensors and how the default collator turns rows into a batch."""
+
+    def __init__(self, columns: dict[str, torch.Tensor], plan: list[tuple[str, str, torch.dtype]], numpy_format: bool):
+        self.columns = columns
+        self.plan = plan  # (batch key, source column, dtype) in the collator's key order
+        self.numpy_format = numpy_format
+        self.nbytes = sum(c.element_size() * c.numel() for c in columns.values())
+
+    def collate(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch = {}
+        for key, column, dtype in self.plan:
+            values = self.columns[column][rows]
+            batch[key] = values if values.dtype == dtype else values.to(dtype)
+        return batch
+
+    def rows(self, indices) -> TensorRows:
+        return TensorRows(self, indices)
+
+
+def _is_default_collator(collator) -> bool:
+    from transformers.data.data_collator import DefaultDataCollator, default_data_collator
+
+    if isinstance(collator, PreCollated):
+        collator = collator.collator
+    if collator is default_data_collator:
+        return True
+    return type(collator) is DefaultDataCollator and getattr(collator, "return_tensors", "pt") == "pt"
+
+
+def _format_type(dataset) -> str | None:
+    from datasets.formatting import get_format_type_from_alias
+
+    return get_format_type_from_alias(dataset.format["type"])
+
+
+def materialize(trainer, dataset, budget: int | None = None) -> Materialized | None:
+    """The columns ``trainer`` feeds its model from ``dataset`` as tensors, or None where that does not apply.
+
+    Applies to a ``datasets.Dataset`` in ``torch`` or ``numpy`` format (no transform) whose kept columns are
+    fixed-shape numbers, with the default collator, within ``budget`` bytes (default :func:`max_bytes`).
+    """
+    import datasets
+
+    budget = max_bytes() if budget is None else budget
+    if budget <= 0 or not isinstance(dataset, datasets.Dataset) or len(dataset) == 0:
+        return None
+    fmt = _format_type(dataset)
+    if fmt not in ("torch", "numpy") or not _is_default_collator(trainer.data_collator):
+        return None
+    try:
+        pruned = trainer._remove_unused_columns(dataset, description="training")
+    except ValueError:  # no column the model takes: the Trainer's own path raises its message
+        return None
+    first = pruned[0]
+    if not first or "label_ids" in first:
+        return None
+    for value in first.values():
+        if fmt == "torch" and not isinstance(value, torch.Tensor):
+            return None
+        if fmt == "numpy" and not (isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf"):
+            return None
+    row_bytes = sum(int(np.asarray(v).nbytes) if fmt == "numpy" else v.element_size() * v.numel() for v in first.values())
+    if row_bytes * len(pruned) > budget:
+        logger.info("Client data not materialised: %.1f MB > the budget of %.1f MB (%s)",
+                    row_bytes * len(pruned) / 1e6, budget / 1e6, BUDGET_ENV)
+        return None
+    whole = pruned[:]
+    columns: dict[str, torch.Tensor] = {}
+    for name, value in first.items():
+        column = whole[name]
+        if fmt == "numpy":
+            if not isinstance(column, np.ndarray) or column.dtype == object:
+                return None
+            column = torch.from_numpy(np.ascontiguousarray(column))
+            expected_dtype, expected_shape = torch.from_numpy(np.asarray(value)).dtype, tuple(np.shape(value))
+        else:
+            if not isinstance(column, torch.Tensor):
+                return None  # ragged: a list of tensors
+            expected_dtype, expected_shape = value.dtype, tuple(value.shape)
+        if column.dtype != expected_dtype or tuple(column.shape) != (len(pruned), *expected_shape):
+            return None
+        columns[name] = column
+    # The collator's output on a sample of rows: its keys and dtypes, and the check of the plan against it.
+    sample = list(range(min(_CHECK_ROWS, len(pruned))))
+    try:
+        expected = trainer.data_collator([pruned[i] for i in sample])
+    except Exception:  # the Trainer's own path will say what is wrong
+        return None
+    plan = []
+    for key, value in expected.items():
+        column = "label" if key == "labels" and "label" in columns and "labels" not in columns else key
+        if column not in columns or not isinstance(value, torch.Tensor):
+            return None
+        plan.append((key, column, value.dtype))
+    materialized = Materialized(columns, plan, numpy_format=fmt == "numpy")
+    got = materialized.collate(torch.tensor(sample, dtype=torch.int64))
+    if list(got) != list(expected) or not all(
+        got[k].dtype == expected[k].dtype and got[k].shape == expected[k].shape and torch.equal(got[k], expected[k])
+        for k in got
+    ):
+        return None
+    logger.info("Client data materialised: %d rows, columns %s, %.1f MB", len(pruned), list(columns),
+                materialized.nbytes / 1e6)
+    return materialized
+
+
+# -- datasets' torch formatter: one probe of torchvision.io.VideoReader instead of one per value ---------
+def skip_missing_video_reader() -> bool:
+    """Make datasets' per-value ``from torchvision.io import VideoReader`` fail at once where torchvision has none.
+
+    ``datasets``' torch formatter tries that import for every value it formats once torchvision is imported;
+    torchvision 0.29 has no ``VideoReader``, and each failed ``from ... import`` searches the file system for
+    a ``torchvision.io.VideoReader`` submodule. A ``None`` entry for that submodule name in ``sys.modules``
+    makes the same import raise ``ImportError`` without the search (the formatter catches it as before).
+    Only done when ``torchvision.io`` is imported and has no ``VideoReader``; returns whether it was done.
+    """
+    io = sys.modules.get("torchvision.io")
+    if io is None or "torchvision.io.VideoReader" in sys.modules:
+        return False
+    try:
+        getattr(io, "VideoReader")
+        return False  # torchvision has it: nothing to skip
+    except AttributeError:
+        pass
+    except Exception:  # a lazy attribute that fails another way: leave it alone
+        return False
+    sys.modules["torchvision.io.VideoReader"] = None
+    return True
+
