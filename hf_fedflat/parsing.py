@@ -26,8 +26,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_SUFFIXES", "build_parser", "explicit_fields", "parse_arguments", "read_config_file",
-           "split_config", "wants_smoke"]
+__all__ = ["CONFIG_SUFFIXES", "build_parser", "explicit_fields", "parse_arguments", "parse_train_arguments",
+           "read_config_file", "split_config", "train_argument_types", "wants_smoke"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -304,3 +304,19 @@ def parse_arguments(
         parser.set_defaults(**_config_values(parser, config, path))
     parsed = parser.parse_args_into_dataclasses(rest, look_for_args_file=False)
     return tuple(parsed[:len(dataclass_types)])  # (the last one is a namespace holding --config)
+
+
+def train_argument_types() -> tuple[type, ...]:
+    """The dataclasses ``hf-fedflat train`` and the recipes parse: data, model, LoRA, federated training."""
+    from .config import FedTrainingArguments
+    from .data.arguments import DataArguments
+    from .models.arguments import ModelArguments
+    from .models.lora import LoraArguments
+
+    return DataArguments, ModelArguments, LoraArguments, FedTrainingArguments
+
+
+def parse_train_arguments(argv: Sequence[str], **kwargs) -> tuple:
+    """``(data_args, model_args, lora_args, training_args)`` as ``hf-fedflat train`` parses them (without its
+    hub-token warning): for code that runs members of a run, such as a sweep, without importing the CLI."""
+    return parse_arguments(train_argument_types(), argv, **kwargs)
