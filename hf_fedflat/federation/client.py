@@ -106,6 +106,7 @@ class LocalTraining:
             state={p: {k: t.to(device) for k, t in part.items()} for p, part in state.items()},
             learning_rate=learning_rate,
             num_samples=self.client_sizes[client_id],
+            full_gradient=lambda: trainer.full_gradient(self.client_dataset(client_id)),
         )
         workspaces = self.algorithm.begin_client(ctx)
         dataset = self.client_dataset(client_id)
