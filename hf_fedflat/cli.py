@@ -5,6 +5,7 @@
     hf-fedflat partition --dataset digits --num_clients 20 --partition_scheme dirichlet \\
         --dirichlet_alpha 0.3 --plot partition.png
     hf-fedflat list
+    hf-fedflat sweep --config sweeps/fedgam.yaml [--smoke]
 
 ``train`` takes every field of ``DataArguments``, ``ModelArguments`` and ``FedTrainingArguments`` as a
 flag or as a key of the ``--config`` YAML/JSON file; flags override the file. Multi-process runs go
@@ -250,9 +251,17 @@ def list_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def sweep_main(argv: Sequence[str]) -> int:
+    from .sweep import sweep_main as run
+
+    return run(argv)
+
+
 COMMANDS = {
     "train": (train_main, "run one federated experiment (flags or --config run.yaml)"),
     "compare": (compare_main, "compare runs' history.json: Markdown table, PNG, CSV"),
+    "sweep": (sweep_main, "a grid of runs (algorithms x hyperparameters x seeds x partitions) and its paper table: "
+                          "--config sweep.yaml"),
     "partition": (partition_main, "split a dataset into clients: summary and heatmap"),
     "list": (list_main, "list algorithms, datasets and models"),
 }

