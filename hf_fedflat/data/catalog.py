@@ -241,7 +241,25 @@ def _load_shakespeare(data_args: DataArguments, model_args: ModelArguments, seed
                          task="text-classification", partition=clients.partition)
 
 
+def _load_femnist(data_args: DataArguments, model_args: ModelArguments, seed: int, *, name: str) -> FederatedData:
+    from .femnist import FEMNIST_CLASS_NAMES, FEMNIST_HUB, femnist_transform, load_femnist, write_femnist_leaf
+
+    data_dir = data_args.data_dir
+    if data_args.smoke:
+        data_dir = str(write_femnist_leaf(_smoke_dir(data_args, name), seed=seed))
+    source = data_args.dataset_path or FEMNIST_HUB
+    clients = load_femnist(source, data_dir=data_dir, max_clients=data_args.max_clients, seed=seed,
+                           label_column=data_args.label_column, image_column=data_args.image_column)
+    in_chans = _model_channels(model_args, 1)
+    transform = femnist_transform(model_args.image_size, in_chans)
+    return FederatedData(name=name, train=clients.dataset["train"].with_transform(transform),
+                         eval=clients.dataset["test"].with_transform(transform), num_classes=len(FEMNIST_CLASS_NAMES),
+                         in_chans=in_chans, hub_id=None if data_dir else source, partition=clients.partition,
+                         label_names=list(FEMNIST_CLASS_NAMES))
+
+
 for _loader, _names in ((_load_mnist, ("mnist", "fashion_mnist")), (_load_cifar, ("cifar10", "cifar100")),
-                        (_load_domains, ("officehome", "domainnet")), (_load_shakespeare, ("shakespeare",))):
+                        (_load_domains, ("officehome", "domainnet")), (_load_shakespeare, ("shakespeare",)),
+                        (_load_femnist, ("femnist",))):
     for _name in _names:
         register_dataset(_name)(functools.partial(_loader, name=_name))

@@ -45,7 +45,10 @@ __all__ = [
     "LeafData",
     "LeafFormatError",
     "LeafUser",
+    "LeafClients",
+    "choose_users",
     "contiguous_partition",
+    "split_by_sample",
     "iter_leaf_users",
     "leaf_split_files",
     "read_leaf",
@@ -248,7 +251,10 @@ def read_leaf(
                 continue
             if item.hierarchy is not None:
                 hierarchies.setdefault(item.user, item.hierarchy)
-            out[split][item.user] = convert(item.user, item.x, item.y)
+            try:
+                out[split][item.user] = convert(item.user, item.x, item.y)
+            except (ValueError, TypeError) as err:
+                raise LeafFormatError(f"{item.path}: user {item.user!r}: {err}") from err
     split_by = "sample"
     if "train" in splits and "test" in splits:
         train, test = set(counts["train"]), set(counts["test"])
@@ -342,3 +348,49 @@ def contiguous_partition(sizes: Sequence[int], labels: Any, class_names: Sequenc
     return ClientPartition(client_indices=[rows[bounds[i]:bounds[i + 1]] for i in range(len(sizes))],
                            label_counts=counts.reshape(len(sizes), num_classes), scheme=scheme, alpha=None,
                            seed=int(seed), class_names=list(class_names), num_rows=total)
+
+
+@dataclass(eq=False)
+class LeafClients:
+    """A LEAF dataset split into its natural clients (one per user: writer, celebrity, ...).
+
+    Attributes:
+        dataset: ``DatasetDict`` with ``train`` and ``test``; rows grouped by client (client ``i``'s rows after
+            those of ``0..i-1``), each with an int ``client_id`` column; no transform set.
+        partition: the natural partition of ``dataset["train"]`` (client ``i`` = ``users[i]``).
+        test_partition: the same for ``dataset["test"]`` (LEAF's per-user test samples).
+        users: LEAF's user id of each client.
+    """
+
+    dataset: Any
+    partition: Any
+    test_partition: Any
+    users: list[str]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.users)
+
+
+def choose_users(users: Sequence[str], max_clients: int | None, seed: int) -> list[str]:
+    """``max_clients`` of ``users`` drawn with ``seed`` (kept in their order); all of them without a limit."""
+    import numpy as np
+
+    users = list(users)
+    if max_clients is None or max_clients >= len(users):
+        return users
+    keep = np.sort(np.random.default_rng(seed).choice(len(users), size=int(max_clients), replace=False))
+    return [users[i] for i in keep]
+
+
+def split_by_sample(num_samples: int, train_fraction: float, rng) -> tuple[Any, Any] | None:
+    """LEAF's ``split_data.py --by_sample`` for one user: ``(train_rows, test_rows)`` (sorted positions), or
+    ``None`` for a user with fewer than 2 samples (LEAF drops it). ``max(1, int(train_fraction * n))`` samples
+    train (1 when ``n == 2``, and at most ``n - 1``), drawn with ``rng`` (a numpy Generator); the rest test."""
+    import numpy as np
+
+    if num_samples < 2:
+        return None
+    num_train = 1 if num_samples == 2 else min(num_samples - 1, max(1, int(train_fraction * num_samples)))
+    order = rng.permutation(num_samples)
+    return np.sort(order[:num_train]), np.sort(order[num_train:])
