@@ -7,6 +7,8 @@
 | ``cifar10``, ``cifar100`` | ``uoft-cs/cifar10``, ``uoft-cs/cifar100`` | the partition arguments |
 | ``officehome``, ``domainnet`` | ``flwrlabs/office-home``; DomainNet: a local copy | leave-one-domain-out |
 | ``shakespeare`` | ``flwrlabs/shakespeare`` or the Gutenberg plays | one client per (play, role) |
+| ``sent140`` | LEAF's ``train/``+``test/`` JSON (``--data_dir``), for ``--model_name_or_path`` | one client per Twitter user |
+| ``reddit`` | LEAF's JSON + ``vocab/reddit_vocab.pck`` (``--data_dir``); ``--model_name word_lstm`` or a causal LM | one client per Reddit user |
 | any other name | a Hub id or a local path (:mod:`hf_fedflat.data.hf_datasets`), for ``--model_name_or_path`` | the partition arguments, or ``--partition_by`` |
 
 ``--smoke`` writes a tiny copy in the real on-disk format and loads it with the same code. A dataset is
@@ -263,3 +265,19 @@ for _loader, _names in ((_load_mnist, ("mnist", "fashion_mnist")), (_load_cifar,
                         (_load_femnist, ("femnist",))):
     for _name in _names:
         register_dataset(_name)(functools.partial(_loader, name=_name))
+
+
+@register_dataset("sent140")
+def _load_sent140(data_args: DataArguments, model_args: ModelArguments, seed: int) -> FederatedData:
+    """LEAF Sent140 (:mod:`hf_fedflat.data.leaf_text`): tweets of one Twitter user per client, a transformers classifier."""
+    from .leaf_text import load_sent140_data
+
+    return FederatedData(**load_sent140_data(data_args, model_args, seed))
+
+
+@register_dataset("reddit")
+def _load_reddit(data_args: DataArguments, model_args: ModelArguments, seed: int) -> FederatedData:
+    """LEAF Reddit (:mod:`hf_fedflat.data.leaf_text`): next-token prediction, one Reddit user per client."""
+    from .leaf_text import load_reddit_data
+
+    return FederatedData(**load_reddit_data(data_args, model_args, seed))

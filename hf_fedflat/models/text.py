@@ -371,6 +371,10 @@ TEXT_MODELS: dict[str, tuple[type[PreTrainedConfig], type[_NextCharModel]]] = {
 }
 """Factory names of the next-character models -> (config class, model class)."""
 
+from .word_lm import WordLSTMConfig, WordLSTMModel  # noqa: E402 - LEAF Reddit's word-level LSTM language model
+
+TEXT_MODELS["word_lstm"] = (WordLSTMConfig, WordLSTMModel)
+
 # Let the Auto classes resolve the model types once hf_fedflat.models is imported.
 for _config_class, _model_class in TEXT_MODELS.values():
     AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
