@@ -3,8 +3,9 @@
 A ``datasets.Dataset`` in ``torch`` or ``numpy`` format formats every row it serves: for nested numeric
 lists (images stored with ``Dataset.from_dict``) that per-row work was most of a round of a small model
 (issue 20, workload 6: 3.3x a plain loop indexing tensors). When the columns the local ``Trainer`` feeds
-the model are fixed-shape numbers, :class:`Materializer` reads them once, whole (one formatted batch,
-``dataset[:]``), and each client gets :class:`TensorRows`, a light torch ``Dataset`` over its row
+the model are fixed-shape numbers, :func:`materialize` reads them once, whole: straight from the Arrow table where the
+columns are numbers or fixed-length nested lists of numbers (cast as the formatter casts a row), else one
+formatted batch (``dataset[:]``; a ``format_kwargs`` dtype, decoded images), and each client gets :class:`TensorRows`, a light torch ``Dataset`` over its row
 indices whose ``__getitems__`` (which torch's ``DataLoader`` calls with a batch's indices) returns the
 batch already collated. :class:`PreCollated` wraps the Trainer's collator and passes such a batch
 through; everything else goes to the wrapped collator unchanged.
@@ -162,6 +163,7 @@ def materialize(trainer, dataset, budget: int | None = None) -> Materialized | N
     import datasets
 
     budget = max_bytes() if budget is None else budget
+    skip_missing_video_reader()  # every row this reads is formatted by datasets
     if budget <= 0 or not isinstance(dataset, datasets.Dataset) or len(dataset) == 0:
         return None
     fmt = _format_type(dataset)
@@ -184,26 +186,18 @@ def materialize(trainer, dataset, budget: int | None = None) -> Materialized | N
         logger.info("Client data not materialised: %.1f MB > the budget of %.1f MB (%s)",
                     row_bytes * len(pruned) / 1e6, budget / 1e6, BUDGET_ENV)
         return None
-    whole = pruned[:]
-    columns: dict[str, torch.Tensor] = {}
-    for name, value in first.items():
-        column = whole[name]
-        if fmt == "numpy":
-            if not isinstance(column, np.ndarray) or column.dtype == object:
-                return None
-            column = torch.from_numpy(np.ascontiguousarray(column))
-            expected_dtype, expected_shape = torch.from_numpy(np.asarray(value)).dtype, tuple(np.shape(value))
-        else:
-            if not isinstance(column, torch.Tensor):
-                return None  # ragged: a list of tensors
-            expected_dtype, expected_shape = value.dtype, tuple(value.shape)
-        if column.dtype != expected_dtype or tuple(column.shape) != (len(pruned), *expected_shape):
+    columns = _arrow_columns(pruned, first, fmt)  # nested numeric lists straight from Arrow
+    if columns is None:
+        columns = _formatted_columns(pruned, first, fmt)  # one formatted batch of the whole dataset
+        if columns is None:
             return None
-        columns[name] = column
     # The collator's output on a sample of rows: its keys and dtypes, and the check of the plan against it.
     sample = list(range(min(_CHECK_ROWS, len(pruned))))
+    rows = [pruned[i] for i in sample]
+    if not all(torch.equal(columns[name][i], _row_tensor(row[name])) for i, row in zip(sample, rows) for name in columns):
+        return None
     try:
-        expected = trainer.data_collator([pruned[i] for i in sample])
+        expected = trainer.data_collator(rows)
     except Exception:  # the Trainer's own path will say what is wrong
         return None
     plan = []
@@ -222,6 +216,72 @@ def materialize(trainer, dataset, budget: int | None = None) -> Materialized | N
     logger.info("Client data materialised: %d rows, columns %s, %.1f MB", len(pruned), list(columns),
                 materialized.nbytes / 1e6)
     return materialized
+
+
+def _row_tensor(value) -> torch.Tensor:
+    """A formatted value as a tensor (numpy values shared, not copied)."""
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+
+
+def _fits(column: torch.Tensor, value, num_rows: int) -> bool:
+    expected = _row_tensor(value)
+    return column.dtype == expected.dtype and tuple(column.shape) == (num_rows, *expected.shape)
+
+
+def _formatted_columns(pruned, first: dict, fmt: str) -> dict[str, torch.Tensor] | None:
+    """The kept columns from one formatted batch of every row (``dataset[:]``), or None (ragged, objects)."""
+    whole = pruned[:]
+    columns = {}
+    for name, value in first.items():
+        column = whole[name]
+        if fmt == "numpy":
+            if not isinstance(column, np.ndarray) or column.dtype == object:
+                return None
+            column = torch.from_numpy(np.ascontiguousarray(column))
+        elif not isinstance(column, torch.Tensor):
+            return None  # ragged: a list of tensors
+        if not _fits(column, value, len(pruned)):
+            return None
+        columns[name] = column
+    return columns
+
+
+def _arrow_columns(pruned, first: dict, fmt: str) -> dict[str, torch.Tensor] | None:
+    """The kept columns read from the Arrow table: numbers or fixed-length nested lists of numbers without
+    nulls and without a feature that decodes (images, audio), cast to the dtype the format gives a row (the
+    formatters cast integers to int64 and floats to float32 the same way); None where a column is not such."""
+    import pyarrow as pa
+    from datasets.features.features import require_decoding
+
+    if pruned.format.get("format_kwargs"):  # e.g. a torch dtype: the formatter's cast, not reproduced here
+        return None
+    features = pruned.features
+    if any(require_decoding(features[name]) for name in first if name in features):
+        return None
+    table = pruned.with_format("arrow")[:]  # the rows in the dataset's order (its indices mapping applied)
+    columns = {}
+    for name, value in first.items():
+        array = table.column(name).combine_chunks()
+        dims = []
+        while pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or pa.types.is_fixed_size_list(array.type):
+            if array.null_count:
+                return None
+            lengths = array.value_lengths().to_numpy(zero_copy_only=False)
+            if len(lengths) == 0 or lengths.min() != lengths.max():
+                return None
+            dims.append(int(lengths[0]))
+            array = array.flatten()
+        if array.null_count or not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
+                                    or pa.types.is_boolean(array.type)):
+            return None
+        leaf = array.to_numpy(zero_copy_only=False).reshape(len(table), *dims)
+        target = _row_tensor(value)
+        column = torch.from_numpy(np.require(leaf, requirements=["C", "W"]))  # Arrow's buffers are read-only
+        column = column if column.dtype == target.dtype else column.to(target.dtype)
+        if not _fits(column, value, len(pruned)):
+            return None
+        columns[name] = column
+    return columns
 
 
 # -- datasets' torch formatter: one probe of torchvision.io.VideoReader instead of one per value ---------
