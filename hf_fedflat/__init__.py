@@ -19,7 +19,10 @@ _EXPORTS = {
     ".config": ("FedTrainingArguments",),
     ".decentralized": ("DecentralizedTrainer", "create_trainer"),
     ".federation": ("FederatedCallback", "FederatedTrainer", "FederatedTrainOutput"),
+    ".federation.checkpoint": ("CheckpointError",),
     ".federation.comm": ("init_federated_process_group as init_process_group",),
+    ".federation.outcome": ("TrainingFailedError",),
+    ".data.validation": ("InvalidInputError",),
     ".training": ("ClientTrainer", "ParameterSpace"),
 }
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
@@ -30,5 +33,8 @@ if TYPE_CHECKING:
     from .config import FedTrainingArguments
     from .decentralized import DecentralizedTrainer, create_trainer
     from .federation import FederatedCallback, FederatedTrainer, FederatedTrainOutput
+    from .data.validation import InvalidInputError
+    from .federation.checkpoint import CheckpointError
     from .federation.comm import init_federated_process_group as init_process_group
+    from .federation.outcome import TrainingFailedError
     from .training import ClientTrainer, ParameterSpace
