@@ -5,7 +5,8 @@ The fields are declared beside their concept and composed here with :func:`inclu
 * each piece's hyperparameters (``rho``, ``prox_mu``, ``topology``, ...) in its config dataclass, merged by the
   registry (:func:`hf_fedflat.algorithms.registry.hyperparameter_fields`; unset = ``None``);
 * the partition in :mod:`hf_fedflat.data.arguments`, the diagnostics in :mod:`hf_fedflat.diagnostics.arguments`,
-  the client-state store in :mod:`hf_fedflat.state.arguments`;
+  the client-state store in :mod:`hf_fedflat.state.arguments`, clients trained at once in
+  :mod:`hf_fedflat.runtime.arguments`;
 * the federation's own fields (clients, rounds, local work, faulty clients, checkpoints) below.
 
 ``__post_init__`` resolves unset hyperparameters (the preset's default, then the active piece's own), runs every
@@ -36,6 +37,7 @@ from .algorithms.registry import (
 )
 from .data.arguments import PartitionArguments
 from .diagnostics.arguments import DiagnosticsArguments, parse_diagnostics
+from .runtime.arguments import ConcurrencyArguments
 from .state.arguments import ClientStateArguments
 from .trainer_fields import check_trainer_fields
 from .validation import check_choice, check_integer, check_number, fail
@@ -53,7 +55,7 @@ DEFAULT_PARTICIPATION = 0.1
 RUN_DEFAULTS: dict[str, Any] = {"rho": 0.05, "server_learning_rate": 1.0, "aggregation_weights": "samples",
                                 "decentralized_participation": "sampled"}
 #: the concept dataclasses composed into FedTrainingArguments; each validates its own fields
-CONCEPTS = (PartitionArguments, DiagnosticsArguments, ClientStateArguments)
+CONCEPTS = (PartitionArguments, DiagnosticsArguments, ClientStateArguments, ConcurrencyArguments)
 
 
 def include_fields(*sources: type | Callable[[], Iterable[dataclasses.Field]], after: str | None = None):
@@ -101,6 +103,7 @@ def _registered_pieces() -> list[type]:
 @include_fields(PartitionArguments, after="aggregation_weights")
 @include_fields(DiagnosticsArguments, after="batchnorm_buffers")
 @include_fields(ClientStateArguments, after="save_every_n_rounds")
+@include_fields(ConcurrencyArguments, after="max_consecutive_failed_rounds")
 class FedTrainingArguments(TrainingArguments):
     """``TrainingArguments`` plus the federated set-up.
 
@@ -193,6 +196,8 @@ class FedTrainingArguments(TrainingArguments):
         metadata={"help": "Abort when every sampled client raised for this many consecutive rounds (a bug, not bad "
                           "clients); 0 never aborts."},
     )
+
+    # (clients trained at once go here: include_fields(ConcurrencyArguments))
 
     # --- Trainer defaults changed to the federated papers' ---------------------------------------------
     learning_rate: float = field(default=0.01, metadata={"help": "Local (client) learning rate eta in round 0."})

@@ -15,7 +15,9 @@ from ..algorithms import ClientContext, ClientUpdate, LocalResult
 from ..diagnostics.run import DIAGNOSTICS_MESSAGE
 from ..training.parameters import all_finite
 from ..runtime.materialize import materialize, skip_missing_video_reader, wrap_collator
+from ..runtime.concurrent import current_lane
 from ..runtime.vectors import empty_like
+from .concurrent import ConcurrentClients
 from .load_balance import local_work
 from ..sampling import derive_seed
 
@@ -51,6 +53,9 @@ class LocalTraining:
         self.client_sizes = [int(n) for n in partition.num_samples]
         self._client_datasets: dict[int, Any] = {}  # index views, built once per client
         self._materialized = None  # runtime.materialize.Materialized, False (not applicable) or None (not yet known)
+        #: several clients at once (``concurrent_clients > 1``; the round loop hands it the process's share)
+        self.concurrent = ConcurrentClients(self, args.concurrent_clients) if getattr(
+            args, "concurrent_clients", 1) > 1 else None
 
     def load_weights(self, params: torch.Tensor, buffers: torch.Tensor | None = None) -> None:
         """Put ``params`` (and ``buffers``, when averaged) into the model."""
@@ -95,10 +100,14 @@ class LocalTraining:
               broadcast: dict, state: dict, global_buffers: torch.Tensor | None = None) -> ClientUpdate:
         """Local training of one client from ``global_params``; returns its update (CPU tensors)."""
         started = time.perf_counter()
-        device = self.space.device
-        trainer = self.client_trainer
+        lane = current_lane()  # concurrent_clients > 1: this thread's own model and Trainer
+        trainer = self.client_trainer if lane is None else lane.trainer
+        space, buffer_space = trainer.space, self.buffer_space if lane is None else lane.buffer_space
+        device = space.device
         trainer.release_memory()  # earlier clients' freed buffers back to the OS, if they piled up
-        self.load_weights(global_params, global_buffers)
+        space.load_(global_params)
+        if buffer_space is not None and global_buffers is not None:
+            buffer_space.load_(global_buffers)
         ctx = ClientContext(
             client_id=client_id,
             round=round_index,
@@ -119,8 +128,8 @@ class LocalTraining:
         # Same (seed, round, client) -> same shuffle and dropout, on any process, after any resume.
         trainer.seed_for_client(derive_seed(self.args.seed, round_index, client_id))
         output = trainer.train()
-        delta = self.space.difference(ctx.global_params, out=empty_like(ctx.global_params))
-        result = LocalResult(params=self.space.flatten, num_steps=int(trainer.state.global_step), delta=delta)
+        delta = space.difference(ctx.global_params, out=empty_like(ctx.global_params))
+        result = LocalResult(params=space.flatten, num_steps=int(trainer.state.global_step), delta=delta)
         new_state, messages = self.algorithm.end_client(ctx, workspaces, result)
         if diagnostics:
             messages[DIAGNOSTICS_MESSAGE] = diagnostics
@@ -133,7 +142,7 @@ class LocalTraining:
             delta=delta.cpu(),
             messages=cpu(messages),
             state=cpu(new_state),
-            buffers=self.buffer_space.flatten().cpu() if self.buffer_space is not None else None,
+            buffers=buffer_space.flatten().cpu() if buffer_space is not None else None,
             train_seconds=time.perf_counter() - started,
         )
 

@@ -162,6 +162,9 @@ def _split(trainer, clients: list[int]) -> list[list[int]]:
 
 def _train_share(trainer, round_index, learning_rate, client_ids, received, round_start, watch):
     """Train this process's clients; ``(updates, {client id: why it is excluded})``."""
+    concurrent = getattr(trainer.local_training, "concurrent", None)  # concurrent_clients > 1 (federation.concurrent)
+    if concurrent is not None and len(client_ids) > 1:
+        return concurrent.train_share(trainer, round_index, learning_rate, client_ids, received, round_start, watch)
     args, updates, failures = trainer.args, [], {}
     for client_id in client_ids:
         if not trainer.comm.distributed:
