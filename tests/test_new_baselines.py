@@ -378,3 +378,179 @@ def test_new_presets_train_end_to_end(tmp_path, algorithm):
     trainer, output = run(tmp_path, fed_algorithm=algorithm, num_rounds=3, local_steps=3)
     assert torch.isfinite(output.params).all() and [r["round"] for r in output.history] == [1, 2, 3]
     assert output.history[-1]["train_loss"] < output.history[0]["train_loss"] * 1.5
+
+
+def test_moon_on_a_transformers_classifier_uses_the_pooled_output(tmp_path):
+    """One MOON step of a tiny BERT classifier = the hand-written objective with z = BERT's pooler output (the
+    input of ``classifier``; dropout 0), its gradient clipped to ``max_grad_norm`` like every final direction."""
+    import datasets
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                        num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertForSequenceClassification(config)
+    ids = torch.randint(1, 30, (4, 5))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    labels = torch.tensor([0, 1, 2, 1])
+    data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(),
+                                       "labels": labels.tolist()}).with_format("torch")
+    mu, tau = 3.0, 0.5
+    args, trainer = make_trainer(tmp_path, model, fed_algorithm="moon", moon_mu=mu, moon_temperature=tau)
+    algorithm = build_algorithm(args)
+    space = trainer.space
+    w0 = space.flatten()
+    w_global, w_prev = w0 + vector(w0.numel(), 1, 0.05), w0 + vector(w0.numel(), 2, 0.3)
+    batch = {"input_ids": ids, "attention_mask": mask}
+
+    def logits_at(w):
+        return torch.func.functional_call(model, dict(zip(space.names, space.split(w))), args=(), kwargs=batch).logits
+
+    def z_at(w):  # BertModel's pooler output: tanh(W h_[CLS] + b)
+        params = {n[len("bert."):]: t for n, t in zip(space.names, space.split(w)) if n.startswith("bert.")}
+        return torch.func.functional_call(model.bert, params, args=(), kwargs=batch).pooler_output
+
+    with torch.no_grad():
+        z_glob, z_prev = z_at(w_global), z_at(w_prev)
+
+    def gradient(w, weight):
+        w = w.detach().clone().requires_grad_(True)
+        loss = nn.functional.cross_entropy(logits_at(w), labels) + weight * moon_term(z_at(w), z_glob, z_prev, tau)
+        return torch.autograd.grad(loss, w)[0]
+
+    def clip(g):  # the Trainer clips the final direction to max_grad_norm (10)
+        return g * min(1.0, args.max_grad_norm / (float(g.norm()) + 1e-6))
+
+    g = gradient(w0, mu)
+    assert args.max_grad_norm == 10.0 and g.norm() > args.max_grad_norm  # the clip is part of this step
+    expected = w0 - LR * clip(g)
+    ctx = context(trainer, state={"moon": {"w_prev": w_prev}})
+    ctx.global_params = w_global
+    run_client(trainer, algorithm, data, ctx, steps=1)
+    torch.testing.assert_close(space.flatten(), expected, rtol=0, atol=1e-6)
+    plain = w0 - LR * clip(gradient(w0, 0.0))
+    assert (expected - plain).abs().max() > 1e-2  # the contrastive term matters here
+
+
+def test_feddecorr_on_padded_text_batches_averages_the_attended_tokens(tmp_path):
+    """GPT-2's ``score`` reads every token's hidden state: FedDecorr's z is their mean over the attended tokens.
+    The batch comes from ``DataCollatorWithPadding`` (the collator of hf_fedflat's text datasets), which returns a
+    ``BatchEncoding`` (a Mapping, not a dict): its attention mask must reach the representation."""
+    import datasets
+    from transformers import DataCollatorWithPadding, GPT2Config, GPT2ForSequenceClassification
+
+    from hf_fixtures import CORPUS, train_word_tokenizer
+
+    tokenizer = train_word_tokenizer("gpt")
+    torch.manual_seed(0)
+    model = GPT2ForSequenceClassification(GPT2Config(
+        vocab_size=len(tokenizer), n_embd=8, n_layer=1, n_head=2, n_positions=16, num_labels=2,
+        pad_token_id=tokenizer.pad_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    texts = CORPUS[:4]
+    rows = [tokenizer(t)["input_ids"] for t in texts]
+    assert len({len(r) for r in rows}) > 1  # padding happens
+    labels = torch.tensor([0, 1, 0, 1])
+    data = datasets.Dataset.from_dict({"input_ids": rows, "labels": labels.tolist()})
+    beta = 5.0
+    args, trainer = make_trainer(tmp_path, model, fed_algorithm="feddecorr", feddecorr_beta=beta)
+    trainer.data_collator = DataCollatorWithPadding(tokenizer)
+    algorithm = build_algorithm(args)
+    space = trainer.space
+    w0 = space.flatten()
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+
+    def objective(w, weight):
+        params = dict(zip(space.names, space.split(w)))
+        out = torch.func.functional_call(model, params, args=(), kwargs={"input_ids": ids, "attention_mask": mask})
+        hidden = torch.func.functional_call(
+            model.transformer, {n[len("transformer."):]: t for n, t in params.items() if n.startswith("transformer.")},
+            args=(), kwargs={"input_ids": ids, "attention_mask": mask}).last_hidden_state
+        z = torch.stack([hidden[i, :len(r)].mean(0) for i, r in enumerate(rows)])  # the attended tokens only
+        return nn.functional.cross_entropy(out.logits, labels) + weight * torch.corrcoef(z.T).pow(2).sum() / 8 ** 2
+
+    def step(weight):
+        w = w0.detach().clone().requires_grad_(True)
+        g = torch.autograd.grad(objective(w, weight), w)[0]
+        return w0 - LR * g * min(1.0, args.max_grad_norm / (float(g.norm()) + 1e-6))
+
+    expected = step(beta)
+    run_client(trainer, algorithm, data, context(trainer), steps=1)
+    torch.testing.assert_close(space.flatten(), expected, rtol=0, atol=1e-6)
+    assert (expected - step(0.0)).abs().max() > 1e-4  # the decorrelation term matters here
+
+
+def tiny_timm_classifier():
+    """hf_fedflat's image classifier around a 1-block timm ViT (no batch norm: eval and train forwards agree)."""
+    from hf_fedflat.models import create_model
+
+    torch.manual_seed(0)
+    return create_model("vit_tiny_patch16_224", num_classes=3, in_chans=1, image_size=8, patch_size=4, depth=1,
+                        embed_dim=8, num_heads=2)
+
+
+def tiny_image_data():
+    import datasets
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 1, 8, 8, generator=g)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    return datasets.Dataset.from_dict({"pixel_values": x.tolist(), "labels": y.tolist()}).with_format("torch"), x, y
+
+
+def timm_features(model, space, w, x):
+    """timm's own pre-logits features at the flat weights ``w``: ``forward_head(forward_features(x), pre_logits)``."""
+    params = {n: t for n, t in zip(space.names, space.split(w)) if n.startswith("backbone.")}
+    return torch.func.functional_call(_PreLogits(model.backbone), params, (x,))
+
+
+class _PreLogits(nn.Module):
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, x):
+        return self.backbone.forward_head(self.backbone.forward_features(x), pre_logits=True)
+
+
+def timm_logits(model, space, w, x):
+    return torch.func.functional_call(model, dict(zip(space.names, space.split(w))), args=(),
+                                      kwargs={"pixel_values": x}).logits
+
+
+def test_feddecorr_and_moon_on_a_timm_model_read_the_pre_logits_features(tmp_path):
+    """One FedDecorr step and one MOON step of a tiny timm ViT = the hand-written objectives with z = timm's
+    ``forward_head(forward_features(x), pre_logits=True)`` (written with timm's own functions, not the hook)."""
+    data, x, y = tiny_image_data()
+    beta, mu, tau = 2.0, 2.0, 0.5
+    for name, extra in (("feddecorr", {"feddecorr_beta": beta}), ("moon", {"moon_mu": mu, "moon_temperature": tau})):
+        model = tiny_timm_classifier()
+        args, trainer = make_trainer(tmp_path / name, model, fed_algorithm=name, **extra)
+        space = trainer.space
+        w0 = space.flatten()
+        w_global, w_prev = w0 + vector(w0.numel(), 1, 0.05), w0 + vector(w0.numel(), 2, 0.3)
+        with torch.no_grad():
+            z_glob, z_prev = timm_features(model, space, w_global, x), timm_features(model, space, w_prev, x)
+
+        def term(z):
+            if name == "feddecorr":  # ||K||_F^2 / d^2, K the correlations (population variances + 1e-8)
+                cov = torch.cov(z.T, correction=0)
+                var = torch.diagonal(cov) + 1e-8
+                return beta * (cov.pow(2) / (var[:, None] * var[None, :])).sum() / z.shape[1] ** 2
+            return mu * moon_term(z, z_glob, z_prev, tau)
+
+        def step(with_term):
+            w = w0.detach().clone().requires_grad_(True)
+            loss = nn.functional.cross_entropy(timm_logits(model, space, w, x), y)
+            if with_term:
+                loss = loss + term(timm_features(model, space, w, x))
+            g = torch.autograd.grad(loss, w)[0]
+            return w0 - LR * g * min(1.0, args.max_grad_norm / (float(g.norm()) + 1e-6))
+
+        expected = step(True)
+        ctx = context(trainer, state={"moon": {"w_prev": w_prev}})
+        ctx.global_params = w_global
+        run_client(trainer, build_algorithm(args), data, ctx, steps=1)
+        torch.testing.assert_close(space.flatten(), expected, rtol=0, atol=1e-5, msg=name)
+        assert (expected - step(False)).abs().max() > 1e-3, name  # the term matters here

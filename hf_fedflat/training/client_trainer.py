@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -155,7 +156,7 @@ class ClientTrainer(Trainer):
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
         capture = self._representation_capture()
-        mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
         with capture.active():
             loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
                                                  num_items_in_batch=num_items_in_batch)
@@ -216,7 +217,8 @@ class ClientTrainer(Trainer):
         own weights untouched)."""
         capture = self._representation_capture()
         params = dict(zip(self.space.names, self.space.split(flat.to(self.space.device, self.space.dtype))))
-        inputs = {k: v for k, v in inputs.items() if k != "labels"} if isinstance(inputs, dict) else inputs
+        inputs = {k: v for k, v in inputs.items() if k != "labels"}
+        model = self.model  # the unwrapped model: the parameter names of self.space
         was_training = model.training
         model.eval()
         try:
