@@ -260,9 +260,26 @@ def _load_femnist(data_args: DataArguments, model_args: ModelArguments, seed: in
                          label_names=list(FEMNIST_CLASS_NAMES))
 
 
+def _load_celeba(data_args: DataArguments, model_args: ModelArguments, seed: int, *, name: str) -> FederatedData:
+    from .celeba import CELEBA_CLASS_NAMES, CELEBA_HUB, CELEBA_MEAN, CELEBA_STD, load_celeba, write_celeba_leaf
+    from .images import set_image_transforms
+
+    data_dir = data_args.data_dir
+    if data_args.smoke:
+        data_dir = str(write_celeba_leaf(_smoke_dir(data_args, name), seed=seed))
+    source = data_args.dataset_path or CELEBA_HUB
+    clients = load_celeba(source, data_dir=data_dir, max_clients=data_args.max_clients, seed=seed,
+                          label_column=data_args.label_column, image_column=data_args.image_column)
+    data = set_image_transforms(clients.dataset, mean=CELEBA_MEAN, std=CELEBA_STD, in_chans=3,
+                                train_augmentation=data_args.train_augmentation, **_image_size_or_config(model_args, 3))
+    return FederatedData(name=name, train=data["train"], eval=data["test"], num_classes=len(CELEBA_CLASS_NAMES),
+                         in_chans=3, hub_id=None if data_dir else source, mean=CELEBA_MEAN, std=CELEBA_STD,
+                         partition=clients.partition, label_names=list(CELEBA_CLASS_NAMES))
+
+
 for _loader, _names in ((_load_mnist, ("mnist", "fashion_mnist")), (_load_cifar, ("cifar10", "cifar100")),
                         (_load_domains, ("officehome", "domainnet")), (_load_shakespeare, ("shakespeare",)),
-                        (_load_femnist, ("femnist",))):
+                        (_load_femnist, ("femnist",)), (_load_celeba, ("celeba",))):
     for _name in _names:
         register_dataset(_name)(functools.partial(_loader, name=_name))
 

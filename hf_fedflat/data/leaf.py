@@ -14,7 +14,7 @@ both folders, its samples divided) or by user (``--by_user``: a user is in one f
 accepts both and refuses anything else (a user in ``test`` only when most users are in both, a user twice in
 one split).
 
-Streaming: files are parsed one at a time and each user's ``x``/``y`` is handed to a ``convert`` callback
+Streaming: files are parsed one at a time (with ``orjson`` when it is installed: ~3x faster than ``json``) and each user's ``x``/``y`` is handed to a ``convert`` callback
 right away (e.g. FEMNIST's 784 floats per image -> one ``uint8`` array per user), so at most one file's
 Python lists are alive at once, whatever the number of users (FEMNIST: ~3,500 writers in ~36 files).
 
@@ -51,6 +51,7 @@ __all__ = [
     "split_by_sample",
     "iter_leaf_users",
     "leaf_split_files",
+    "natural_clients_from_rows",
     "read_leaf",
     "resolve_leaf_root",
     "write_leaf",
@@ -136,11 +137,20 @@ def leaf_split_files(root: str | Path, split: str) -> list[Path]:
     return files
 
 
-def _load_file(path: Path) -> dict:
+def _json_loads() -> tuple[Callable[[bytes], Any], tuple[type[BaseException], ...]]:
+    """``orjson.loads`` when orjson is installed (about 3x faster on LEAF's float lists), else ``json.loads``."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            content = json.load(handle)
-    except json.JSONDecodeError as err:
+        import orjson
+    except ImportError:
+        return json.loads, (json.JSONDecodeError, UnicodeDecodeError)
+    return orjson.loads, (orjson.JSONDecodeError, UnicodeDecodeError)
+
+
+def _load_file(path: Path) -> dict:
+    loads, errors = _json_loads()
+    try:
+        content = loads(Path(path).read_bytes())
+    except errors as err:
         raise LeafFormatError(f"{path}: not valid JSON ({err}).") from err
     if not isinstance(content, dict):
         raise LeafFormatError(f"{path}: a LEAF file is a JSON object with users, num_samples, user_data; "
@@ -394,3 +404,71 @@ def split_by_sample(num_samples: int, train_fraction: float, rng) -> tuple[Any, 
     num_train = 1 if num_samples == 2 else min(num_samples - 1, max(1, int(train_fraction * num_samples)))
     order = rng.permutation(num_samples)
     return np.sort(order[:num_train]), np.sort(order[num_train:])
+
+
+def natural_clients_from_rows(
+    dataset: Any,
+    *,
+    client_column: str,
+    label_ids: Any,
+    class_names: Sequence[str],
+    keep_columns: Sequence[str],
+    train_fraction: float = 0.9,
+    max_clients: int | None = None,
+    min_samples: int = 2,
+    seed: int = 0,
+) -> LeafClients:
+    """LEAF's clients from a flat dataset (a Hub copy: one row per sample, a column naming its user).
+
+    One client per value of ``client_column`` (sorted ids; users with fewer than ``min_samples`` rows dropped,
+    ``max_clients``: a seeded draw), each user's rows split with :func:`split_by_sample` (LEAF's
+    ``--by_sample``; one generator seeded with ``seed`` for all users, in order). The result keeps
+    ``keep_columns`` of ``dataset`` (e.g. the image column, decoded lazily) plus ``client_id``, the user id
+    under ``client_column`` and ``label`` (``label_ids``, a ``ClassLabel`` of ``class_names``), rows grouped by
+    client.
+    """
+    import datasets
+    import numpy as np
+
+    from .images import column_values
+
+    if not 0.0 < float(train_fraction) < 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1) (LEAF: 0.9), got {train_fraction!r}")
+    if client_column not in dataset.column_names:
+        raise ValueError(f"{client_column!r} is not a column of the dataset (columns: {dataset.column_names}); it "
+                         "names each sample's user (the natural client).")
+    ids = column_values(dataset, client_column).astype(str)
+    label_ids = np.asarray(label_ids, dtype=np.int64)
+    names, inverse = np.unique(ids, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(names) + 1))
+    eligible = [str(name) for w, name in enumerate(names) if bounds[w + 1] - bounds[w] >= max(2, min_samples)]
+    kept = set(choose_users(eligible, max_clients, seed))
+    rng = np.random.default_rng(seed)
+    users, train_rows, test_rows = [], [], []
+    for w, name in enumerate(names):
+        if str(name) not in kept:
+            continue
+        rows = order[bounds[w]:bounds[w + 1]]
+        train_pos, test_pos = split_by_sample(len(rows), train_fraction, rng)
+        users.append(str(name))
+        train_rows.append(rows[train_pos])
+        test_rows.append(rows[test_pos])
+    if not users:
+        raise ValueError(f"no {client_column} has {max(2, min_samples)} samples or more.")
+    features = datasets.Features({"client_id": datasets.Value("int32"), client_column: datasets.Value("string"),
+                                 **{c: dataset.features[c] for c in keep_columns},
+                                 "label": datasets.ClassLabel(names=list(class_names))})
+    splits, partitions = {}, {}
+    for split, parts in (("train", train_rows), ("test", test_rows)):
+        sizes = [len(p) for p in parts]
+        rows = np.concatenate(parts)
+        client_ids = np.repeat(np.arange(len(users), dtype=np.int32), sizes)
+        kept_rows = dataset.select_columns(list(keep_columns)).select(rows).flatten_indices()
+        table = {"client_id": client_ids, client_column: [users[i] for i in client_ids],
+                 **{c: kept_rows[c] for c in keep_columns}, "label": label_ids[rows]}
+        splits[split] = datasets.Dataset.from_dict(table, features=features, split=split)
+        partitions[split] = contiguous_partition(sizes, label_ids[rows], class_names, seed=seed)
+    return LeafClients(dataset=datasets.DatasetDict(splits), partition=partitions["train"],
+                       test_partition=partitions["test"], users=users)
