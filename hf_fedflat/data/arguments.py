@@ -26,8 +26,8 @@ class DataArguments:
     dataset_name: str = field(
         default="digits",
         metadata={"help": "A registered dataset: digits (scikit-learn, offline), mnist, fashion_mnist, cifar10, cifar100, "
-                          "officehome, domainnet, shakespeare (hf_fedflat.data.catalog); or any other dataset for a "
-                          "--model_name_or_path model: a Hub id (e.g. imdb, tatsu-lab/alpaca), a save_to_disk folder, "
+                          "officehome, domainnet, shakespeare, LEAF's sent140 and reddit (hf_fedflat.data.catalog); or "
+                          "any other dataset for a --model_name_or_path model: a Hub id (e.g. imdb, tatsu-lab/alpaca), a save_to_disk folder, "
                           "or csv/json/jsonl/parquet files (a file or a folder with train.<ext>, test.<ext>)."},
     )
     dataset_config_name: str | None = field(
@@ -80,8 +80,9 @@ class DataArguments:
     data_dir: str | None = field(
         default=None,
         metadata={"help": "Local copy of the data, used instead of the Hub: an image folder (<split>/<class>/<image>, or "
-                          "<domain>/<class>/<image> for officehome/domainnet), a save_to_disk folder, or for shakespeare "
-                          "the folder of Gutenberg plays (*_gut.txt)."},
+                          "<domain>/<class>/<image> for officehome/domainnet), a save_to_disk folder, for shakespeare "
+                          "the folder of Gutenberg plays (*_gut.txt), for the LEAF datasets (sent140, reddit) LEAF's "
+                          "folder holding train/*.json and test/*.json (data/<dataset>/data)."},
     )
     test_fraction: float = field(
         default=0.2, metadata={"help": "Share of the data held out for evaluation, for datasets without a test split."}
@@ -105,7 +106,8 @@ class DataArguments:
     train_augmentation: bool = field(
         default=False, metadata={"help": "Random crop (4-pixel padding) + horizontal flip on the training split."}
     )
-    max_clients: int | None = field(default=None, metadata={"help": "shakespeare: keep at most this many clients."})
+    max_clients: int | None = field(
+        default=None, metadata={"help": "shakespeare, sent140, reddit: keep at most this many clients (a seeded draw)."})
     max_samples_per_client: int | None = field(
         default=None, metadata={"help": "shakespeare: keep at most this many training windows per client."}
     )
