@@ -27,8 +27,9 @@ class DataArguments:
         default="digits",
         metadata={"help": "A registered dataset: digits (scikit-learn, offline), mnist, fashion_mnist, cifar10, cifar100, "
                           "officehome, domainnet, shakespeare, LEAF's sent140 and reddit (hf_fedflat.data.catalog); or "
-                          "any other dataset for a --model_name_or_path model: a Hub id (e.g. imdb, tatsu-lab/alpaca), a save_to_disk folder, "
-                          "or csv/json/jsonl/parquet files (a file or a folder with train.<ext>, test.<ext>)."},
+                          "any other dataset for a --model_name_or_path model: a Hub id (e.g. imdb, tatsu-lab/alpaca), a "
+                          "save_to_disk folder, or csv/json/jsonl/parquet files (a file or a folder with train.<ext>, "
+                          "test.<ext>)."},
     )
     dataset_config_name: str | None = field(
         default=None, metadata={"help": "Configuration of a Hub dataset (load_dataset's second argument)."}
