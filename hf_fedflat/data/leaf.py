@@ -183,8 +183,12 @@ def _load_file(path: Path) -> dict:
     return content
 
 
-def iter_leaf_users(root: str | Path, split: str, *, files: Sequence[Path] | None = None) -> Iterator[LeafUser]:
+def iter_leaf_users(root: str | Path, split: str, *, files: Sequence[Path] | None = None,
+                    check_num_samples: bool = True) -> Iterator[LeafUser]:
     """Every user of ``root/<split>/*.json``, file by file, validated (see the module docstring).
+
+    ``check_num_samples=False``: ``len(x) == len(y)`` is still required but ``num_samples`` may differ from it
+    (LEAF Reddit's files state each user's total count in every split); it is recorded as stated.
 
     Only the current file is held in memory; a caller that converts each :class:`LeafUser` and drops it keeps
     at most one file's lists alive.
@@ -211,7 +215,8 @@ def iter_leaf_users(root: str | Path, split: str, *, files: Sequence[Path] | Non
             x, y = rows["x"], rows["y"]
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                 raise LeafFormatError(f"{path}: num_samples of user {user!r} must be an integer >= 0, got {count!r}.")
-            if not isinstance(x, list) or not isinstance(y, list) or not (len(x) == len(y) == count):
+            if not isinstance(x, list) or not isinstance(y, list) or len(x) != len(y) or (
+                    check_num_samples and len(x) != count):
                 lx = len(x) if isinstance(x, list) else type(x).__name__
                 ly = len(y) if isinstance(y, list) else type(y).__name__
                 raise LeafFormatError(f"{path}: user {user!r} has num_samples {count} but len(x) = {lx} and "
@@ -226,6 +231,7 @@ def read_leaf(
     *,
     splits: Sequence[str] = LEAF_SPLITS,
     keep_users: Callable[[list[str]], Sequence[str]] | None = None,
+    check_num_samples: bool = True,
 ) -> LeafData:
     """Read a LEAF dataset folder (``train/*.json`` and ``test/*.json``; or LEAF's ``data/`` above them).
 
@@ -236,6 +242,8 @@ def read_leaf(
         splits: the splits to read (``("train",)`` reads no test folder).
         keep_users: optional ``train users -> users to keep`` (e.g. a seeded ``max_clients`` draw): the user ids
             of every file are read first (a cheap pass), the samples of the other users are never converted.
+        check_num_samples: ``False`` accepts ``num_samples`` that differ from ``len(x)`` (LEAF Reddit states each
+            user's total count in every split); ``len(x) == len(y)`` is always required.
 
     Returns:
         A :class:`LeafData`.
@@ -255,7 +263,7 @@ def read_leaf(
     counts: dict[str, dict[str, int]] = {split: {} for split in LEAF_SPLITS}
     hierarchies: dict[str, Any] = {}
     for split in splits:
-        for item in iter_leaf_users(root, split, files=files[split]):
+        for item in iter_leaf_users(root, split, files=files[split], check_num_samples=check_num_samples):
             counts[split][item.user] = item.num_samples
             if wanted is not None and item.user not in wanted:
                 continue
