@@ -224,7 +224,8 @@ def test_unknown_name_lists_available_names():
     for name in available_models():
         assert name in msg
     assert "timm" in msg
-    assert available_models() == ["small_cnn", "resnet18_gn", "fedgam_cnn", "char_lstm", "char_transformer"]
+    assert available_models() == ["small_cnn", "resnet18_gn", "fedgam_cnn", "logistic", "char_lstm", "char_transformer",
+                                  "word_lstm"]
     assert "vit_tiny_patch16_224" in available_models(include_timm=True)
 
 

@@ -301,7 +301,7 @@ def test_fedgam_cnn_is_the_mcmahan_mnist_cnn(tmp_path):
 
 def test_available_models_and_unknown_name_message():
     names = available_models()
-    assert names == ["small_cnn", "resnet18_gn", "fedgam_cnn", "char_lstm", "char_transformer"]
+    assert names == ["small_cnn", "resnet18_gn", "fedgam_cnn", "logistic", "char_lstm", "char_transformer", "word_lstm"]
     with pytest.raises(ValueError) as err:
         create_model("char_lsmt")
     msg = str(err.value)

@@ -26,7 +26,8 @@ class DataArguments:
     dataset_name: str = field(
         default="digits",
         metadata={"help": "A registered dataset: digits (scikit-learn, offline), mnist, fashion_mnist, cifar10, cifar100, "
-                          "officehome, domainnet, shakespeare, LEAF's sent140 and reddit (hf_fedflat.data.catalog); or "
+                          "officehome, domainnet, shakespeare, tiny_imagenet, LEAF's femnist, celeba, synthetic, sent140 and "
+                          "reddit (hf_fedflat.data.catalog); or "
                           "any other dataset for a --model_name_or_path model: a Hub id (e.g. imdb, tatsu-lab/alpaca), a "
                           "save_to_disk folder, or csv/json/jsonl/parquet files (a file or a folder with train.<ext>, "
                           "test.<ext>)."},
@@ -82,8 +83,10 @@ class DataArguments:
         default=None,
         metadata={"help": "Local copy of the data, used instead of the Hub: an image folder (<split>/<class>/<image>, or "
                           "<domain>/<class>/<image> for officehome/domainnet), a save_to_disk folder, for shakespeare "
-                          "the folder of Gutenberg plays (*_gut.txt), for the LEAF datasets (sent140, reddit) LEAF's "
-                          "folder holding train/*.json and test/*.json (data/<dataset>/data)."},
+                          "the folder of Gutenberg plays (*_gut.txt), for the LEAF datasets (femnist, celeba, synthetic, sent140, "
+                          "reddit) LEAF's folder holding train/*.json and test/*.json (data/<dataset>/data; celeba: its "
+                          "images in raw/img_align_celeba), for tiny_imagenet the tiny-imagenet-200 folder (wnids.txt, "
+                          "words.txt, train/<wnid>/images, val/images + val/val_annotations.txt)."},
     )
     test_fraction: float = field(
         default=0.2, metadata={"help": "Share of the data held out for evaluation, for datasets without a test split."}
@@ -108,7 +111,22 @@ class DataArguments:
         default=False, metadata={"help": "Random crop (4-pixel padding) + horizontal flip on the training split."}
     )
     max_clients: int | None = field(
-        default=None, metadata={"help": "shakespeare, sent140, reddit: keep at most this many clients (a seeded draw)."})
+        default=None, metadata={"help": "shakespeare, sent140, reddit, femnist, celeba, synthetic (LEAF folder): keep at "
+                                        "most this many clients (a seeded draw)."})
+    synthetic_alpha: float = field(
+        default=1.0,
+        metadata={"help": "synthetic: alpha of Synthetic(alpha, beta) (FedProx): how much the clients' models differ "
+                          "(u_k ~ N(0, alpha)); the paper's settings are 0, 0.5, 1."},
+    )
+    synthetic_beta: float = field(
+        default=1.0,
+        metadata={"help": "synthetic: beta of Synthetic(alpha, beta): how much the clients' inputs differ "
+                          "(B_k ~ N(0, beta))."},
+    )
+    synthetic_num_users: int = field(default=30, metadata={"help": "synthetic: number of clients generated (FedProx: 30)."})
+    synthetic_iid: bool = field(
+        default=False, metadata={"help": "synthetic: Synthetic-IID (one model W, b for all clients, inputs ~ N(0, Sigma))."}
+    )
     max_samples_per_client: int | None = field(
         default=None, metadata={"help": "shakespeare: keep at most this many training windows per client."}
     )
@@ -137,6 +155,13 @@ class DataArguments:
         if self.split_seed is not None and (isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int)
                                             or self.split_seed < 0):
             raise ValueError(f"split_seed: must be an integer >= 0 (or unset), got {self.split_seed!r}.")
+        for name in ("synthetic_alpha", "synthetic_beta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < float("inf"):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}.")
+        if isinstance(self.synthetic_num_users, bool) or not isinstance(self.synthetic_num_users, int) \
+                or self.synthetic_num_users < 1:
+            raise ValueError(f"synthetic_num_users: must be an integer >= 1, got {self.synthetic_num_users!r}.")
         for name in ("max_clients", "max_samples_per_client", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

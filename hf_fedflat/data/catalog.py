@@ -243,6 +243,27 @@ def _load_shakespeare(data_args: DataArguments, model_args: ModelArguments, seed
                          task="text-classification", partition=clients.partition)
 
 
+def _load_synthetic(data_args: DataArguments, model_args: ModelArguments, seed: int, *, name: str) -> FederatedData:
+    from .synthetic import load_synthetic, synthetic_transform, write_synthetic_leaf
+
+    if model_args.image_size != 1:
+        raise ValueError(f"image_size: synthetic's samples are vectors of features, fed as pixel_values [dim, 1, 1]; "
+                         f"pass --image_size 1 (with --model_name logistic, FedProx's model), got {model_args.image_size}.")
+    data_dir = data_args.data_dir
+    if data_args.smoke:
+        data_dir = str(write_synthetic_leaf(_smoke_dir(data_args, name), alpha=data_args.synthetic_alpha,
+                                            beta=data_args.synthetic_beta, seed=seed))
+    clients = load_synthetic(data_dir=data_dir, alpha=data_args.synthetic_alpha, beta=data_args.synthetic_beta,
+                             num_users=data_args.synthetic_num_users, iid=data_args.synthetic_iid,
+                             max_clients=data_args.max_clients, seed=seed)
+    train = clients.dataset["train"]
+    transform = synthetic_transform()
+    return FederatedData(name=name, train=train.with_transform(transform),
+                         eval=clients.dataset["test"].with_transform(transform),
+                         num_classes=train.features["label"].num_classes, in_chans=len(train[0]["features"]),
+                         partition=clients.partition)
+
+
 def _load_femnist(data_args: DataArguments, model_args: ModelArguments, seed: int, *, name: str) -> FederatedData:
     from .femnist import FEMNIST_CLASS_NAMES, FEMNIST_HUB, femnist_transform, load_femnist, write_femnist_leaf
 
@@ -279,7 +300,8 @@ def _load_celeba(data_args: DataArguments, model_args: ModelArguments, seed: int
 
 for _loader, _names in ((_load_mnist, ("mnist", "fashion_mnist")), (_load_cifar, ("cifar10", "cifar100")),
                         (_load_domains, ("officehome", "domainnet")), (_load_shakespeare, ("shakespeare",)),
-                        (_load_femnist, ("femnist",)), (_load_celeba, ("celeba",))):
+                        (_load_femnist, ("femnist",)), (_load_celeba, ("celeba",)),
+                        (_load_synthetic, ("synthetic",))):
     for _name in _names:
         register_dataset(_name)(functools.partial(_loader, name=_name))
 

@@ -7,6 +7,8 @@ Three kinds of names are understood:
   layer sizes (conv 5x5 32 and 64 channels, FC 512); the factory gives it MNIST's 1x28x28 input.
 * ``"resnet18_gn"``: timm ``resnet18`` with every BatchNorm replaced by GroupNorm (2 groups by
   default), the ResNet-18-GN of the federated CIFAR papers, optionally with a CIFAR stem.
+* ``"logistic"``: multinomial logistic regression over the flattened input (``in_chans * image_size**2``
+  features; the Synthetic(alpha, beta) model of LEAF / FedProx).
 * any other timm model name (``timm.list_models()``), built by ``timm.create_model``.
 
 The modules returned here know nothing about Hugging Face; :mod:`hf_fedflat.models.modeling`
@@ -274,10 +276,42 @@ def _build_resnet18_gn(
     return model
 
 
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression: one linear layer over the flattened input (LEAF's and FedProx's model
+    of the Synthetic(alpha, beta) data, whose 60 features arrive as ``pixel_values [B, 60, 1, 1]``)."""
+
+    def __init__(self, num_classes: int, in_features: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(int(in_features), int(num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+def _build_logistic(
+    *,
+    num_classes: int,
+    in_chans: int,
+    image_size: int,
+    pretrained: bool,
+    pretrained_path: str | None,
+    **kwargs: Any,
+) -> nn.Module:
+    if kwargs:
+        raise ValueError(f"logistic has no options; got {', '.join(sorted(kwargs))}.")
+    if pretrained and pretrained_path is None:
+        raise ValueError("logistic has no published pretrained weights: pass pretrained_path=<local file>")
+    model = LogisticRegression(num_classes, in_chans * image_size * image_size)
+    if pretrained_path is not None:
+        model.load_state_dict(timm.models.load_state_dict(pretrained_path), strict=True)
+    return model
+
+
 CUSTOM_MODELS: dict[str, Callable[..., nn.Module]] = {
     "small_cnn": _build_small_cnn,
     "resnet18_gn": _build_resnet18_gn,
     "fedgam_cnn": _build_fedgam_cnn,
+    "logistic": _build_logistic,
 }
 """Names handled by hf_fedflat itself; every other name must be a timm model."""
 
