@@ -225,9 +225,19 @@ def test_seeds_share_the_test_set_and_the_partition(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SWEEP_ROOT.glob("*.yaml")))
-def test_shipped_sweeps_expand_and_validate(name, tmp_path):
-    """Every shipped sweep is valid at full scale and in --smoke (every member parsed as train parses it)."""
+def test_shipped_sweeps_validate_and_their_smoke_runs(name, tmp_path):
+    """Every shipped sweep is valid at full scale (every member parsed as train parses it) and its --smoke runs
+    end to end here: 2 rounds, 4 clients, every member completed and one table row per group over 2 seeds."""
     full = load_sweep_config(str(SWEEP_ROOT / name), output_dir=str(tmp_path / "full"))
-    smoke = load_sweep_config(str(SWEEP_ROOT / name), smoke=True, output_dir=str(tmp_path / "smoke"))
-    assert len(full.members) >= len(smoke.members) >= 2
     assert {m.seed for m in full.members} >= {0, 1, 2}
+    smoke = load_sweep_config(str(SWEEP_ROOT / name), smoke=True, output_dir=str(tmp_path / "smoke"), validate=False)
+    assert len(full.members) >= len(smoke.members) >= 4
+    assert sweep_main(["--config", str(SWEEP_ROOT / name), "--smoke", "--output_dir", str(tmp_path / "smoke")]) == 0
+    for member in smoke.members:
+        assert member.fields["num_rounds"] == 2 and member.fields["num_clients"] == 4, member.name
+        assert member_status(member.output_dir) == "completed", member.name
+        history = json.loads((Path(member.output_dir) / "history.json").read_text())
+        assert [r["round"] for r in history] == [1, 2]
+    table = (tmp_path / "smoke" / "sweep" / "results.md").read_text().splitlines()
+    groups = sorted({m.group for m in smoke.members})
+    assert len(table) == 2 + len(groups) and all("| 2/2 |" in line for line in table[2:])
