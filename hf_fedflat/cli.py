@@ -83,11 +83,16 @@ def warn_about_token_flag(argv: Sequence[str], config_values: dict | None = None
 
 def train_main(argv: Sequence[str]) -> int:
     from .experiment import run_experiment
+    from .exit_status import input_error_types, report_input_error
     from .federation.comm import init_federated_process_group
     from .federation.outcome import EXIT_TRAINING_FAILED, RUN_STATUS_FILE, TrainingFailedError
+    from .parsing import ConfigError
 
     group = init_federated_process_group()  # before the arguments set up accelerate
-    data_args, model_args, lora_args, args = parse_train_args(argv)
+    try:
+        data_args, model_args, lora_args, args = parse_train_args(argv)
+    except ConfigError as error:
+        return report_input_error("hf-fedflat train", error)
     try:
         experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
     except TrainingFailedError as failed:  # the run did not train: no final model, a non-zero exit status
@@ -95,6 +100,8 @@ def train_main(argv: Sequence[str]) -> int:
             print(f"\nTraining failed: {failed.reason}\nSee {os.path.join(args.output_dir, RUN_STATUS_FILE)} and "
                   "history.json; no final_model/ was written.", file=sys.stderr)
         return EXIT_TRAINING_FAILED
+    except input_error_types() as error:
+        return report_input_error("hf-fedflat train", error)
     if group.is_main:
         summary = summarize_run(args.output_dir)
         print(format_comparison([summary]))

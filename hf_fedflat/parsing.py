@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_SUFFIXES", "build_parser", "explicit_fields", "parse_arguments", "parse_train_arguments",
+__all__ = ["CONFIG_SUFFIXES", "ConfigError", "build_parser", "explicit_fields", "parse_arguments", "parse_train_arguments",
            "read_config_file", "split_config", "train_argument_types", "wants_smoke"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -41,6 +41,11 @@ RECIPE_GROUP = "recipe options"
 FEDERATED_GROUP = "federated options (the run, its algorithm and each client's local training)"
 HYPERPARAMETER_GROUP = "algorithm hyperparameters (each piece's; unset: the preset's default, then the piece's)"
 INHERITED_GROUP = "inherited Trainer options (transformers.TrainingArguments, for each client's local Trainer)"
+
+
+class ConfigError(ValueError):
+    """A flag's or config file's value is refused (the message names the field); raised before any data or model
+    loads."""
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -290,7 +295,15 @@ def parse_arguments(
     >>> data_args, model_args, lora_args, args = parse_arguments(
     ...     (DataArguments, ModelArguments, LoraArguments, FedTrainingArguments), ["--config", "run.yaml"])
     """
-    dataclass_types = list(dataclass_types)
+    try:
+        return _parse(list(dataclass_types), argv, defaults, smoke, prog, description)
+    except ConfigError:
+        raise
+    except ValueError as error:  # every field check names its field: one error type for every entry point
+        raise ConfigError(str(error)) from error
+
+
+def _parse(dataclass_types, argv, defaults, smoke, prog, description) -> tuple:
     parser = build_parser(dataclass_types, prog=prog, description=description)
     path, rest = split_config(argv)
     config = read_config_file(path) if path else {}

@@ -83,4 +83,6 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    main()
+    from hf_fedflat.exit_status import run_command_line
+
+    run_command_line(main)

@@ -1,0 +1,81 @@
+"""Command-line runs end with one line and a status for bad input (2) and for a run that trained nothing (3);
+a bug keeps its traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_fedflat import cli
+from hf_fedflat.exit_status import EXIT_BAD_INPUT, run_command_line
+from hf_fedflat.federation.checkpoint import CheckpointError
+from hf_fedflat.federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
+from hf_fedflat.parsing import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_cli_bad_field_is_one_line_and_status_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("hf_fedflat.experiment.run_experiment",
+                        lambda *a, **k: pytest.fail("no experiment may start on a refused field"))
+    status = cli.main(["train", "--dataset_name", "digits", "--output_dir", str(tmp_path / "run"),
+                       "--per_device_train_batch_size", "0"])
+    err = capsys.readouterr().err
+    assert status == EXIT_BAD_INPUT
+    assert "hf-fedflat train: error: per_device_train_batch_size: must be an integer >= 1, got 0." in err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("error, status, text", [
+    (CheckpointError("Checkpoint out/checkpoints/round-3 is incomplete or corrupt: manifest.json is missing"),
+     EXIT_BAD_INPUT, "hf-fedflat train: error: Checkpoint out/checkpoints/round-3 is incomplete or corrupt"),
+    (TrainingFailedError("No round aggregated any client (2 rounds run)", output=None),
+     EXIT_TRAINING_FAILED, "Training failed: No round aggregated any client (2 rounds run)"),
+])
+def test_cli_run_errors_map_to_their_status(tmp_path, capsys, monkeypatch, error, status, text):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr("hf_fedflat.experiment.run_experiment", fail)
+    assert cli.main(["train", "--dataset_name", "digits", "--output_dir", str(tmp_path)]) == status
+    assert text in capsys.readouterr().err
+
+
+def test_run_command_line_statuses(capsys):
+    def raising(error):
+        def main():
+            raise error
+        return main
+
+    with pytest.raises(SystemExit) as ok:
+        run_command_line(lambda: None, prog="r.py")
+    assert ok.value.code == 0
+    with pytest.raises(SystemExit) as bad:
+        run_command_line(raising(ConfigError("seed: must be an integer in 0..4294967295, got -1.")), prog="r.py")
+    assert bad.value.code == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == "r.py: error: seed: must be an integer in 0..4294967295, got -1.\n"
+    with pytest.raises(SystemExit) as failed:
+        run_command_line(raising(TrainingFailedError("nothing aggregated", output=None)), prog="r.py")
+    assert failed.value.code == EXIT_TRAINING_FAILED
+    with pytest.raises(ZeroDivisionError):  # a bug is not turned into a one-line message
+        run_command_line(raising(ZeroDivisionError("bug")), prog="r.py")
+
+
+def test_parse_errors_are_config_errors_and_still_value_errors():
+    with pytest.raises(ConfigError, match="^seed: ") as caught:
+        cli.parse_train_args(["--dataset_name", "digits", "--seed", "-1"])
+    assert isinstance(caught.value, ValueError)
+
+
+def test_recipe_bad_flag_exits_2_with_one_line(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "recipes" / "quickstart.py"), "--smoke", "--output_dir",
+                           str(tmp_path / "run"), "--seed", "-1"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "quickstart.py: error: seed: must be an integer in 0..4294967295, got -1."
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
