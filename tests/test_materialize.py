@@ -63,12 +63,18 @@ def test_arrow_read_gives_the_formatter_batches(tmp_path, fmt):
     first = pruned[0]
     arrow = mat._arrow_columns(pruned, first, fmt)
     assert arrow is not None and set(arrow) == {"x", "labels"}  # the string column is not fed to the model
+    assert arrow["x"].dtype == torch.float64 and arrow["labels"].dtype == torch.int64  # as Arrow stores them
     formatted = mat._formatted_columns(pruned, first, fmt)
-    for name in arrow:  # the Arrow read equals one formatted batch of all rows, dtype included
-        assert arrow[name].dtype == formatted[name].dtype and torch.equal(arrow[name], formatted[name])
-    assert arrow["x"].dtype == torch.float32 and arrow["labels"].dtype == torch.int64  # datasets' casts
+    assert formatted["x"].dtype == torch.float32 and formatted["labels"].dtype == torch.int64  # datasets' casts
     materialized = mat.materialize(trainer, dataset)
-    assert materialized is not None
+    assert materialized is not None and materialized.columns["x"].dtype == torch.float64
+    everything = torch.arange(len(dataset))
+    for name in formatted:  # cast per batch: one formatted batch of all rows, value and dtype
+        got = materialized.row(name, everything)
+        assert got.dtype == formatted[name].dtype and torch.equal(got, formatted[name])
+    row = materialized.rows(range(len(dataset)))[4]  # a single row as the format gives it
+    assert all(torch.equal(mat._row_tensor(row[k]), mat._row_tensor(pruned[4][k])) for k in row)
+    assert all(mat._row_tensor(row[k]).dtype == mat._row_tensor(pruned[4][k]).dtype for k in row)
     assert_same_batches(materialized, trainer, dataset, BATCHES)
     # a client's view: __getitems__ (what the DataLoader calls) returns the collated batch once per row
     view = materialized.rows([3, 7, 9, 11])
@@ -78,6 +84,32 @@ def test_arrow_read_gives_the_formatter_batches(tmp_path, fmt):
     collator = mat.wrap_collator(trainer.data_collator)
     assert collator(items) is items[0].batch
     assert torch.equal(collator([pruned[1]])["x"], formatter_batch(trainer, dataset, [1])["x"])
+
+
+def test_int8_ids_are_kept_as_stored_and_cast_per_batch(tmp_path):
+    """LEAF Shakespeare's layout: 80 int8 character ids per row (fixed-size list), int labels; the formatter gives
+    int64, the materialised columns keep int8 (1/8 of the memory, within a budget int64 would exceed)."""
+    rng = np.random.default_rng(2)
+    n = 50
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int8"), length=80),
+                                  "labels": datasets.Value("int64")})
+    dataset = datasets.Dataset.from_dict({"input_ids": rng.integers(-128, 128, (n, 80)).tolist(),
+                                          "labels": rng.integers(0, 80, n).tolist()}, features=features)
+    dataset.set_format("torch")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", disable_tqdm=True)
+
+    class Ids(torch.nn.Module):
+        def forward(self, input_ids, labels=None):
+            return {"logits": input_ids.float()}
+
+    trainer = Trainer(model=Ids(), args=args, data_collator=default_data_collator)
+    assert dataset[0]["input_ids"].dtype == torch.int64
+    stored = n * (80 * 1 + 8)
+    assert mat.materialize(trainer, dataset, budget=stored - 1) is None
+    materialized = mat.materialize(trainer, dataset, budget=stored)  # int64 ids would need n * (640 + 8)
+    assert materialized is not None and materialized.columns["input_ids"].dtype == torch.int8
+    assert materialized.nbytes == stored
+    assert_same_batches(materialized, trainer, dataset, [[0, 49, 3, 3], [17]])
 
 
 def test_indices_mapping_after_shuffle_and_select(tmp_path):
@@ -132,8 +164,9 @@ def test_ragged_and_unsupported_data_are_refused(tmp_path):
     transformed = user_dataset().with_transform(lambda batch: batch)
     assert mat.materialize(trainer, transformed) is None
     assert mat.materialize(trainer, user_dataset(), budget=0) is None
-    assert mat.materialize(trainer, user_dataset(), budget=23 * 6 * 4) is None  # x alone fills it; labels do not fit
-    assert mat.materialize(trainer, user_dataset(), budget=23 * (6 * 4 + 8)) is not None
+    # the budget counts bytes as stored: x float64 (Arrow's double), labels int64
+    assert mat.materialize(trainer, user_dataset(), budget=23 * 6 * 8) is None  # x alone fills it
+    assert mat.materialize(trainer, user_dataset(), budget=23 * (6 * 8 + 8)) is not None
 
 
 def test_budget_environment_variable(monkeypatch):

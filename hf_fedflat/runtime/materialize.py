@@ -105,9 +105,10 @@ class TensorRows(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = int(self.indices[index])
         m = self.materialized
+        values = {k: m.row(k, row) for k in m.columns}
         if m.numpy_format:
-            return {k: (c[row].numpy() if c.dim() > 1 else c[row].numpy()[()]) for k, c in m.columns.items()}
-        return {k: c[row] for k, c in m.columns.items()}
+            return {k: (v.numpy() if v.dim() > 0 else v.numpy()[()]) for k, v in values.items()}
+        return values
 
     def __getitems__(self, indices: Sequence[int]) -> list[CollatedBatch]:
         rows = self.indices[torch.as_tensor(indices, dtype=torch.int64)]
@@ -121,16 +122,24 @@ class TensorRows(torch.utils.data.Dataset):
 class Materialized:
     """The kept columns of a dataset as tensors and how the default collator turns rows into a batch."""
 
-    def __init__(self, columns: dict[str, torch.Tensor], plan: list[tuple[str, str, torch.dtype]], numpy_format: bool):
-        self.columns = columns
+    def __init__(self, columns: dict[str, torch.Tensor], plan: list[tuple[str, str, torch.dtype]], numpy_format: bool,
+                 row_dtypes: dict[str, torch.dtype] | None = None):
+        self.columns = columns  # as stored (e.g. int8 ids), cast per batch: the same values as casting them whole
         self.plan = plan  # (batch key, source column, dtype) in the collator's key order
         self.numpy_format = numpy_format
+        self.row_dtypes = {k: c.dtype for k, c in columns.items()} | (row_dtypes or {})  # the format's dtype of a row
         self.nbytes = sum(c.element_size() * c.numel() for c in columns.values())
+
+    def row(self, column: str, rows) -> torch.Tensor:
+        """``rows`` of ``column`` in the dtype the dataset's format gives them."""
+        values = self.columns[column][rows]
+        dtype = self.row_dtypes[column]
+        return values if values.dtype == dtype else values.to(dtype)
 
     def collate(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         batch = {}
         for key, column, dtype in self.plan:
-            values = self.columns[column][rows]
+            values = self.row(column, rows)
             batch[key] = values if values.dtype == dtype else values.to(dtype)
         return batch
 
@@ -181,20 +190,24 @@ def materialize(trainer, dataset, budget: int | None = None) -> Materialized | N
             return None
         if fmt == "numpy" and not (isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf"):
             return None
-    row_bytes = sum(int(np.asarray(v).nbytes) if fmt == "numpy" else v.element_size() * v.numel() for v in first.values())
+    stored = _arrow_item_sizes(pruned, first)  # bytes of one value as Arrow stores it, or None
+    row_bytes = sum((stored[name] if stored else _row_tensor(v).element_size()) * _row_tensor(v).numel()
+                    for name, v in first.items())
     if row_bytes * len(pruned) > budget:
         logger.info("Client data not materialised: %.1f MB > the budget of %.1f MB (%s)",
                     row_bytes * len(pruned) / 1e6, budget / 1e6, BUDGET_ENV)
         return None
-    columns = _arrow_columns(pruned, first, fmt)  # nested numeric lists straight from Arrow
+    columns = _arrow_columns(pruned, first, fmt) if stored else None  # nested numeric lists straight from Arrow
     if columns is None:
         columns = _formatted_columns(pruned, first, fmt)  # one formatted batch of the whole dataset
         if columns is None:
             return None
+    row_dtypes = {name: _row_tensor(value).dtype for name, value in first.items()}
     # The collator's output on a sample of rows: its keys and dtypes, and the check of the plan against it.
     sample = list(range(min(_CHECK_ROWS, len(pruned))))
     rows = [pruned[i] for i in sample]
-    if not all(torch.equal(columns[name][i], _row_tensor(row[name])) for i, row in zip(sample, rows) for name in columns):
+    probe = Materialized(columns, [], numpy_format=fmt == "numpy", row_dtypes=row_dtypes)
+    if not all(torch.equal(probe.row(name, i), _row_tensor(row[name])) for i, row in zip(sample, rows) for name in columns):
         return None
     try:
         expected = trainer.data_collator(rows)
@@ -206,7 +219,7 @@ def materialize(trainer, dataset, budget: int | None = None) -> Materialized | N
         if column not in columns or not isinstance(value, torch.Tensor):
             return None
         plan.append((key, column, value.dtype))
-    materialized = Materialized(columns, plan, numpy_format=fmt == "numpy")
+    materialized = Materialized(columns, plan, numpy_format=fmt == "numpy", row_dtypes=row_dtypes)
     got = materialized.collate(torch.tensor(sample, dtype=torch.int64))
     if list(got) != list(expected) or not all(
         got[k].dtype == expected[k].dtype and got[k].shape == expected[k].shape and torch.equal(got[k], expected[k])
@@ -248,8 +261,8 @@ def _formatted_columns(pruned, first: dict, fmt: str) -> dict[str, torch.Tensor]
 
 def _arrow_columns(pruned, first: dict, fmt: str) -> dict[str, torch.Tensor] | None:
     """The kept columns read from the Arrow table: numbers or fixed-length nested lists of numbers without
-    nulls and without a feature that decodes (images, audio), cast to the dtype the format gives a row (the
-    formatters cast integers to int64 and floats to float32 the same way); None where a column is not such."""
+    nulls and without a feature that decodes (images, audio), in the dtype Arrow stores (int8 character ids stay
+    int8: :meth:`Materialized.row` casts each batch as the formatter casts a row); None where a column is not such."""
     import pyarrow as pa
     from datasets.features.features import require_decoding
 
@@ -275,12 +288,36 @@ def _arrow_columns(pruned, first: dict, fmt: str) -> dict[str, torch.Tensor] | N
                                     or pa.types.is_boolean(array.type)):
             return None
         leaf = array.to_numpy(zero_copy_only=False).reshape(len(table), *dims)
-        target = _row_tensor(value)
         column = torch.from_numpy(np.require(leaf, requirements=["C", "W"]))  # Arrow's buffers are read-only
-        column = column if column.dtype == target.dtype else column.to(target.dtype)
-        if not _fits(column, value, len(pruned)):
+        if tuple(column.shape) != (len(pruned), *_row_tensor(value).shape):
             return None
-        columns[name] = column
+        columns[name] = column  # the stored dtype; Materialized.row casts as the formatter casts
+    return columns
+
+
+def _arrow_item_sizes(pruned, first: dict) -> dict[str, int] | None:
+    """Bytes per number of each kept column as Arrow stores it (nested lists of integers, floats or booleans),
+    or None where a column is not such, has a decoding feature, or the format casts with its own kwargs."""
+    import pyarrow as pa
+    from datasets.features.features import require_decoding
+
+    if pruned.format.get("format_kwargs"):  # e.g. a torch dtype: the formatter's cast, read formatted
+        return None
+    features, schema = pruned.features, pruned.data.schema
+    sizes = {}
+    for name in first:
+        if name not in features or require_decoding(features[name]) or name not in schema.names:
+            return None
+        kind = schema.field(name).type
+        while pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            kind = kind.value_type
+        if pa.types.is_boolean(kind) or kind in (pa.int8(), pa.uint8()):
+            sizes[name] = 1
+        elif kind in (pa.int16(), pa.int32(), pa.int64()) or pa.types.is_floating(kind):  # no uint16+ in torch
+            sizes[name] = kind.bit_width // 8
+        else:
+            return None
+    return sizes
     return columns
 
 
