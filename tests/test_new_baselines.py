@@ -371,7 +371,8 @@ def test_mimelite_round_loop_computes_the_full_gradient_at_the_global_model(tmp_
 
 
 @pytest.mark.parametrize("algorithm", ["moon", "feddecorr", "fedcm", "feddc", "fedspeed", "mimelite", "moon+fedgh",
-                                       "feddc+fedgh", "fedspeed+fedgh"])
+                                       "feddecorr+fedgh", "fedcm+fedgh", "feddc+fedgh", "fedspeed+fedgh",
+                                       "mimelite+fedgh"])
 def test_new_presets_train_end_to_end(tmp_path, algorithm):
     from test_federated_run import run
 
@@ -554,3 +555,174 @@ def test_feddecorr_and_moon_on_a_timm_model_read_the_pre_logits_features(tmp_pat
         run_client(trainer, build_algorithm(args), data, ctx, steps=1)
         torch.testing.assert_close(space.flatten(), expected, rtol=0, atol=1e-5, msg=name)
         assert (expected - step(False)).abs().max() > 1e-3, name  # the term matters here
+
+
+# --- with a perturbation in front: the corrections add their terms to the perturbed gradient --------------------
+def test_feddc_with_sam_adds_the_drift_and_scaffold_terms_to_the_sam_gradient(tmp_path, tiny_model, tiny_data):
+    alpha, rho = 0.3, 0.2
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="feddc",
+                                               perturbation="sam", rho=rho, feddc_alpha=alpha)
+    assert algorithm.describe()["perturbation"] == "sam" and algorithm.passes_per_step == 2
+    dim = w0.numel()
+    w_global = w0 + vector(dim, 1)
+    h, c, c_i = vector(dim, 2), vector(dim, 3), vector(dim, 4)
+    g = lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w)  # noqa: E731
+
+    def direction(w):  # SAM's g(w + rho g/||g||), then alpha (w + h_i - w^t) + (c - c_i)
+        g1 = g(w)
+        return g(w + rho * g1 / (g1.norm() + EPS)) + alpha * (w + h - w_global) + (c - c_i)
+
+    ctx = context(trainer, broadcast={"scaffold": {"c": c}}, state={"feddc": {"h": h}, "scaffold": {"c_i": c_i}})
+    ctx.global_params = w_global
+    run_client(trainer, algorithm, tiny_data, ctx, steps=3)
+    torch.testing.assert_close(trainer.space.flatten(), descend(w0, 3, direction), rtol=0, atol=1e-6)
+
+
+def test_fedspeed_alpha_one_is_its_prox_correction_on_the_sam_gradient(tmp_path, tiny_model, tiny_data):
+    """FedSpeed's merged gradient with alpha = 1 is SAM's: ``--fedspeed_alpha 1`` and ``--perturbation sam`` give the
+    same weights (the FL-Simulator code steps with the perturbed gradient alone)."""
+    rho, lam = 0.2, 2.0
+    dim = None
+    results = []
+    for extra in ({"fedspeed_alpha": 1.0}, {"perturbation": "sam"}):
+        torch.manual_seed(0)
+        model = TinyClassifier()
+        args, trainer, algorithm, x, y, w0 = setup(tmp_path / str(len(results)), model, tiny_data,
+                                                   fed_algorithm="fedspeed", rho=rho, fedspeed_lambda=lam, **extra)
+        dim = w0.numel()
+        ctx = context(trainer, state={"fedspeed": {"g_hat": vector(dim, 2)}})
+        ctx.global_params = w0 + vector(dim, 1)
+        run_client(trainer, algorithm, tiny_data, ctx, steps=2)
+        results.append(trainer.space.flatten())
+    g = lambda w: grad_of(lambda p: tiny_loss(model, p, x, y), trainer, w)  # noqa: E731
+
+    def direction(w):
+        g1 = g(w)
+        return g(w + rho * g1 / (g1.norm() + EPS)) - vector(dim, 2) + (w - (w0 + vector(dim, 1))) / lam
+
+    torch.testing.assert_close(results[0], descend(w0, 2, direction), rtol=0, atol=1e-6)
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-7)
+
+
+def test_fedcm_with_lesam_mixes_the_momentum_into_the_lesam_gradient(tmp_path, tiny_model, tiny_data):
+    a, rho = 0.1, 0.3
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="fedcm",
+                                               perturbation="lesam", rho=rho)
+    dim = w0.numel()
+    m, w_old = vector(dim, 1), w0 + vector(dim, 2)
+    e = rho * (w_old - w0) / ((w_old - w0).norm() + EPS)
+    g = lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w)  # noqa: E731
+    ctx = context(trainer, broadcast={"momentum": {"m": m, "ready": torch.ones(1)}}, state={"lesam": {"w_old": w_old}})
+    run_client(trainer, algorithm, tiny_data, ctx, 2)
+    torch.testing.assert_close(trainer.space.flatten(), descend(w0, 2, lambda w: a * g(w + e) + (1 - a) * m),
+                               rtol=0, atol=1e-6)
+
+
+def test_mimelite_with_sam_mixes_the_server_momentum_into_the_sam_gradient(tmp_path, tiny_model, tiny_data):
+    beta, rho = 0.7, 0.2
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="mimelite",
+                                               perturbation="sam", rho=rho, mime_beta=beta)
+    m = vector(w0.numel(), 1)
+    g = lambda w: grad_of(lambda p: tiny_loss(tiny_model, p, x, y), trainer, w)  # noqa: E731
+
+    def direction(w):
+        g1 = g(w)
+        return (1 - beta) * g(w + rho * g1 / (g1.norm() + EPS)) + beta * m
+
+    ctx = context(trainer, broadcast={"mimelite": {"m": m}})
+    ctx.full_gradient = lambda: trainer.full_gradient(tiny_data)
+    workspaces = run_client(trainer, algorithm, tiny_data, ctx, steps=2)
+    torch.testing.assert_close(trainer.space.flatten(), descend(w0, 2, direction), rtol=0, atol=1e-6)
+    _, messages = algorithm.end_client(ctx, workspaces, LocalResult(trainer.space.flatten(), 2, None))
+    torch.testing.assert_close(messages["mimelite"]["grad"], g(w0), rtol=0, atol=1e-6)  # plain, at w^t
+
+
+def test_feddc_with_fedgh_harmonizes_the_deltas_then_adds_the_drifts(tmp_path, tiny_model, tiny_data):
+    """feddc+fedgh: w^{t+1} = w^t + mean_i (Delta~_i + h_i), Delta~ the FedGH projections of conflicting deltas; SCAFFOLD's
+    c still follows the clients' own deltas."""
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="feddc+fedgh")
+    assert algorithm.aggregator.name == "shifted_mean+fedgh"
+    dim = w0.numel()
+    d1 = vector(dim, 4)
+    d2 = -d1 + vector(dim, 5, 0.02)
+    h1, h2 = vector(dim, 6), vector(dim, 7)
+    assert d1 @ d2 < 0
+    g1 = d1 - (d1 @ d2) / (d2 @ d2) * d2
+    g2 = d2 - (d2 @ d1) / (d1 @ d1) * d1
+    new_w, state = algorithm.server_step(
+        0, w0, [update(0, d1, {"feddc": {DELTA_SHIFT: h1}}), update(1, d2, {"feddc": {DELTA_SHIFT: h2}})],
+        torch.tensor([0.5, 0.5]), algorithm.init_server_state(w0), 4, learning_rate=LR)
+    torch.testing.assert_close(new_w, w0 + (g1 + h1 + g2 + h2) / 2, rtol=0, atol=1e-6)
+    torch.testing.assert_close(state["scaffold"]["c"], -(d1 + d2) / (4 * 2 * LR), rtol=0, atol=1e-6)
+
+
+# --- MimeLite over two rounds of the real round loop ----------------------------------------------------------
+def test_mimelite_two_rounds_match_the_hand_formula(tmp_path):
+    """Two rounds, two clients, full-batch local steps: round r starts from w^r with the server momentum m^r
+    (m^0 = 0); each client sends grad f_i(w^r) over all its rows and steps K times with (1-beta) g + beta m^r at
+    lr_r; the server averages the weights uniformly and sets m^{r+1} = (1-beta) mean_i grad f_i(w^r) + beta m^r."""
+    from test_federated_run import TRAIN, run
+
+    beta, steps, rounds = 0.6, 2, 2
+    trainer, output = run(tmp_path, fed_algorithm="mimelite", mime_beta=beta, num_clients=2, clients_per_round=2,
+                          num_rounds=rounds, local_steps=steps, per_device_train_batch_size=96,
+                          partition_scheme="dirichlet", dirichlet_alpha=0.5, min_partition_size=8)
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    names = [n for n, _ in model.named_parameters()]
+    rows = []
+    for client in range(2):
+        part = TRAIN.select(trainer.partition.client_indices[client].tolist()).with_format("torch")
+        rows.append((part[:]["x"], part[:]["labels"]))
+    assert len(rows[0][1]) != len(rows[1][1])  # unequal clients: uniform averaging is visible
+
+    def grad(w, x, y):
+        w = w.detach().clone().requires_grad_(True)
+        out = torch.func.functional_call(model, dict(zip(names, trainer.space.split(w))), (x,))
+        return torch.autograd.grad(nn.functional.cross_entropy(out["logits"], y), w)[0]
+
+    w = flat([p.detach() for p in model.parameters()])
+    m = torch.zeros_like(w)
+    for r in range(rounds):
+        lr = 0.1 * 0.9 ** r
+        full = [grad(w, x, y) for x, y in rows]
+        finals = []
+        for x, y in rows:
+            w_i = w.clone()
+            for _ in range(steps):
+                w_i = w_i - lr * ((1 - beta) * grad(w_i, x, y) + beta * m)
+            finals.append(w_i)
+        w, m = (finals[0] + finals[1]) / 2, (1 - beta) * (full[0] + full[1]) / 2 + beta * m
+    torch.testing.assert_close(output.params, w, rtol=0, atol=1e-6)
+    torch.testing.assert_close(trainer.strategy.state["mimelite"]["m"], m, rtol=0, atol=1e-6)
+    assert m.norm() > 0 and [r["learning_rate"] for r in output.history] == pytest.approx([0.1, 0.09])
+
+
+def test_feddecorr_code_normalization_is_the_authors_loss(tmp_path, tiny_model, tiny_data):
+    """``--feddecorr_normalization code``: mean over j != k of ((Z^T Z)_jk)^2 / N, Z standardized with the unbiased
+    variance (+1e-8), written here through the unbiased covariance: (Z^T Z)_jk = (N-1) cov_jk / sqrt(v_j v_k)."""
+    beta = 0.7
+    args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="feddecorr",
+                                               feddecorr_beta=beta, feddecorr_normalization="code")
+
+    def decorr(z):
+        n, d = z.shape
+        cov = torch.cov(z.T, correction=1)
+        var = torch.diagonal(cov) + 1e-8
+        gram_sq = ((n - 1) * cov).pow(2) / (var[:, None] * var[None, :])
+        return (gram_sq.sum() - torch.diagonal(gram_sq).sum()) / (d * (d - 1)) / n
+
+    def objective(p):
+        return tiny_loss(tiny_model, p, x, y) + beta * decorr(features(p, x))
+
+    run_client(trainer, algorithm, tiny_data, context(trainer), 2)
+    w_i = trainer.space.flatten()
+    torch.testing.assert_close(w_i, descend(w0, 2, lambda w: grad_of(objective, trainer, w)), rtol=0, atol=1e-5)
+    z = features(trainer.space.split(w0), x)  # about N (= 8) times the paper's loss, off the constant diagonal
+    n, d = z.shape
+    paper_off_diagonal = (torch.corrcoef(z.T).pow(2).sum() - d) / d ** 2
+    ratio = float(decorr(z) / paper_off_diagonal)
+    assert ratio == pytest.approx((n - 1) ** 2 * d / (n * (d - 1)), rel=1e-3)
+    with pytest.raises(ValueError, match="feddecorr_normalization"):
+        build_algorithm(type(args)(output_dir=str(tmp_path), use_cpu=True, fed_algorithm="feddecorr",
+                                   feddecorr_normalization="barlow"))
