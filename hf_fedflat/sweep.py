@@ -264,7 +264,10 @@ def validate_members(config: SweepConfig) -> None:
 # running
 # -------------------------------------------------------------------------------------------------
 def member_status(output_dir: str) -> str:
-    """``completed`` (run_status.json says so and final_model/ exists), ``resumable`` (checkpoints), ``new``."""
+    """``completed`` (run_status.json says so and final_model/ exists), ``failed`` (the run ended without training:
+    run_status.json says ``failed``, see :mod:`hf_fedflat.federation.outcome`), ``resumable`` (checkpoints), ``new``.
+
+    A failed member is an outcome, not an interruption: the sweep does not run it again (delete its folder to)."""
     from .federation.outcome import RUN_STATUS_FILE
 
     status_path = os.path.join(output_dir, RUN_STATUS_FILE)
@@ -275,6 +278,8 @@ def member_status(output_dir: str) -> str:
             status = None
         if status == "completed" and os.path.isdir(os.path.join(output_dir, "final_model")):
             return "completed"
+        if status == "failed":
+            return "failed"
     checkpoints = os.path.join(output_dir, "checkpoints")
     if os.path.isdir(checkpoints) and any(name.startswith("round-") for name in os.listdir(checkpoints)):
         return "resumable"
@@ -290,8 +295,8 @@ def run_member(member_config: str) -> str:
 
     data_args, model_args, lora_args, args = parse_train_arguments(["--config", member_config])
     state = member_status(args.output_dir)
-    if state == "completed":
-        return "completed"
+    if state in ("completed", "failed"):
+        return state
     if state == "resumable":
         args.resume_from_checkpoint = "latest"
     try:
@@ -331,6 +336,10 @@ def run_sweep(config: SweepConfig, *, executor=None, wait: bool = True) -> dict[
         if state == "completed":
             logger.info("sweep: %s is complete, skipped.", member.name)
             statuses[member.name] = "skipped"
+        elif state == "failed":
+            logger.warning("sweep: %s ended without training (see its run_status.json); not run again (delete %s "
+                           "to).", member.name, member.output_dir)
+            statuses[member.name] = "failed"
         else:
             todo.append(member)
     if config.launcher == "submitit" or executor is not None:
@@ -398,8 +407,10 @@ STAT_KEYS = ("final", "best", "rounds_to_target", "seconds_to_target", "seconds_
 
 
 def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
-    """One row per group (algorithm x hyperparameters x partition): mean and std over the seeds whose run
-    folder has a ``history.json``; ``reached`` counts the seeds that reached the target."""
+    """One row per group (algorithm x hyperparameters x partition): mean and std over the seeds whose run ended
+    (``completed``, or ``failed``: a run that stopped training counts with its last good model, so that failures
+    are not averaged away; a member still running or interrupted is left out); ``reached`` counts the seeds that
+    reached the target."""
     from .plots import load_history
 
     groups: dict[str, list[SweepMember]] = {}
@@ -410,7 +421,7 @@ def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
         summaries = []
         for member in members:
             history_path = Path(member.output_dir) / "history.json"
-            if history_path.is_file():
+            if member_status(member.output_dir) in ("completed", "failed") and history_path.is_file():
                 summaries.append(summarize_member(load_history(history_path), config.metric, config.target))
         first = members[0]
         row: dict[str, Any] = {"group": group, "algorithm": first.algorithm,
@@ -465,7 +476,7 @@ def sweep_figure(config: SweepConfig, dpi: int = 110):
         series = {}
         for member in members:
             path = Path(member.output_dir) / "history.json"
-            if path.is_file():
+            if member_status(member.output_dir) in ("completed", "failed") and path.is_file():
                 rounds, values = metric_series(load_history(path), config.metric)
                 series[member.seed] = dict(zip(rounds, values))
         if not series:

@@ -96,21 +96,55 @@ def test_resume_skips_finished_members_and_resumes_an_interrupted_one(finished, 
     assert {name: p.stat().st_mtime_ns for name, p in histories.items()} == mtimes
     monkeypatch.undo()
 
-    # interrupted: no final model, no completed status, its checkpoints kept -> it alone runs, from round 2
+    # interrupted after round 1: no final model, no run status, only the round-1 checkpoint -> it alone runs,
+    # from round 1 (round 2 trained again), and ends where the uninterrupted run ended
     victim = finished.members[1]
     before = json.loads(histories[victim.name].read_text())
     import shutil
 
     shutil.rmtree(Path(victim.output_dir) / "final_model")
+    shutil.rmtree(Path(victim.output_dir) / "checkpoints" / "round-2")
     (Path(victim.output_dir) / "run_status.json").unlink()
+    histories[victim.name].write_text(json.dumps(before[:1]))
     assert member_status(victim.output_dir) == "resumable"
     statuses = run_sweep(finished)
     assert statuses[victim.name] == "completed"
     assert [s for n, s in statuses.items() if n != victim.name] == ["skipped"] * 3
     after = json.loads(histories[victim.name].read_text())
-    assert after == before  # restored from the round-2 checkpoint, not trained again
+    assert [r["round"] for r in after] == [1, 2]
+    assert after[0] == before[0]  # round 1 restored, not trained again
+    for key in ("eval_accuracy", "eval_loss", "train_loss", "clients", "bytes_up"):
+        assert after[1][key] == before[1][key], key  # round 2 trained again from the round-1 state, the same
     assert {n: p.stat().st_mtime_ns for n, p in histories.items() if n != victim.name} == \
         {n: t for n, t in mtimes.items() if n != victim.name}
+
+
+def test_failed_and_unfinished_members_in_the_table(finished, tmp_path, monkeypatch):
+    """A member whose run ended without training (run_status failed) is not run again and counts in the table
+    with its history; a member still running (history, no run status) is left out of the table."""
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(finished.output_dir, root)
+    config = expand_members({"output_dir": str(root), "base": TINY, "target": 0.15, "seeds": [0, 1],
+                             "algorithms": ["fedavg", {"fed_algorithm": "fedsam", "grid": {"rho": [0.05]}}]})
+    failed, running = config.members[0], config.members[2]
+    status = json.loads((Path(failed.output_dir) / "run_status.json").read_text())
+    (Path(failed.output_dir) / "run_status.json").write_text(json.dumps({**status, "status": "failed"}))
+    shutil.rmtree(Path(failed.output_dir) / "final_model")
+    (Path(running.output_dir) / "run_status.json").unlink()
+    shutil.rmtree(Path(running.output_dir) / "checkpoints")
+    assert member_status(failed.output_dir) == "failed" and member_status(running.output_dir) == "new"
+    rows = {row["group"]: row for row in summarize_members(config)}
+    assert (rows["fedavg"]["seeds"], rows["fedsam-rho0.05"]["seeds"]) == (2, 1)
+    kept = json.loads((Path(config.members[3].output_dir) / "history.json").read_text())
+    assert rows["fedsam-rho0.05"]["final_mean"] == [r for r in kept if "eval_accuracy" in r][-1]["eval_accuracy"]
+    assert rows["fedsam-rho0.05"]["final_std"] == 0.0
+    calls = []
+    monkeypatch.setattr(sweep_module, "run_member", lambda path: calls.append(path) or "completed")
+    statuses = run_sweep(config)
+    assert statuses[failed.name] == "failed" and statuses[running.name] == "completed"
+    assert calls == [sweep_module.member_config_path(config, running)]
 
 
 @pytest.mark.parametrize("values, message", [
