@@ -29,9 +29,10 @@ base, a partition or an algorithm entry sets them. Every member's arguments are 
 member runs (:func:`hf_fedflat.parsing.parse_train_arguments` on the member's config file, written to
 ``<output_dir>/sweep/members/<member>.json``): an unknown key or a bad value stops the sweep before any run.
 
-A member whose ``run_status.json`` says ``completed`` and which has ``final_model/`` is skipped; one with
-checkpoints resumes from its latest. The table (:func:`summarize_members`, one row per algorithm x
-hyperparameters x partition, mean and sample standard deviation over the seeds) goes to
+A member whose ``run_status.json`` says ``completed`` and which has ``final_model/`` is skipped, so is one that
+says ``failed`` (it ended without training: an outcome, reported and counted in the table); one with checkpoints
+resumes from its latest. The table (:func:`summarize_members`, one row per algorithm x hyperparameters x
+partition, mean and sample standard deviation over the seeds whose run ended) goes to
 ``<output_dir>/sweep/results.md`` / ``results.csv``, the curves (mean and a mean +/- std band) to
 ``results.png``.
 """
@@ -525,8 +526,14 @@ def write_tables(config: SweepConfig) -> dict[str, str]:
 # command
 # -------------------------------------------------------------------------------------------------
 def sweep_main(argv: Sequence[str]) -> int:
+    example = __doc__.split("::\n\n", 1)[1].split("\n\n", 1)[0]
     parser = argparse.ArgumentParser(
-        prog="hf-fedflat sweep", description=__doc__.split("\n\n")[0] + " (see hf_fedflat/sweep.py and sweeps/).")
+        prog="hf-fedflat sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A grid of ordinary runs (algorithms x hyperparameters x partitions x seeds), one after another "
+                    "here or through submitit, and the table a paper reports: mean +/- std over seeds of the final "
+                    "and best metric, rounds and seconds to the target, s/round, MB/round (<output_dir>/sweep/"
+                    "results.md, .csv, .png). Finished members are skipped, interrupted ones resume.",
+        epilog="A sweep file (YAML or JSON; examples in sweeps/):\n\n" + example)
     parser.add_argument("--config", required=True, help="The sweep file (YAML or JSON).")
     parser.add_argument("--smoke", action="store_true", help="Apply the file's smoke: section (a run of seconds).")
     parser.add_argument("--output_dir", default=None, help="Instead of the file's output_dir.")
