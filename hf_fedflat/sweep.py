@@ -375,7 +375,8 @@ def _lower_is_better(metric: str) -> bool:
 
 def summarize_member(history: list[dict], metric: str, target: float | None) -> dict[str, Any]:
     """Final / best ``metric``, the first round (and its wall seconds) reaching ``target``, mean seconds per round,
-    mean MB sent per round (``bytes_up + bytes_down``) of one run's ``history.json`` records."""
+    mean MB sent per round of one run's ``history.json`` records: ``bytes_up`` / ``bytes_down`` (server runs) and
+    ``bytes_gossip`` (decentralized runs: models sent between neighbours)."""
     evaluated = [r for r in history if isinstance(r.get(metric), (int, float))]
     values = [float(r[metric]) for r in evaluated]
     lower = _lower_is_better(metric)
@@ -391,6 +392,7 @@ def summarize_member(history: list[dict], metric: str, target: float | None) -> 
         "seconds_per_round": sum(float(r.get("round_seconds", 0.0)) for r in history) / rounds,
         "mb_up_per_round": sum(float(r.get("bytes_up", 0)) for r in history) / rounds / 1e6,
         "mb_down_per_round": sum(float(r.get("bytes_down", 0)) for r in history) / rounds / 1e6,
+        "mb_gossip_per_round": sum(float(r.get("bytes_gossip", 0)) for r in history) / rounds / 1e6,
         "rounds": len(history),
     }
 
@@ -404,7 +406,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 STAT_KEYS = ("final", "best", "rounds_to_target", "seconds_to_target", "seconds_per_round", "mb_up_per_round",
-             "mb_down_per_round")
+             "mb_down_per_round", "mb_gossip_per_round")
 
 
 def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
@@ -431,7 +433,7 @@ def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
         for key in STAT_KEYS:
             row[f"{key}_mean"], row[f"{key}_std"] = _mean_std([s[key] for s in summaries])
         row["mb_per_round_mean"], row["mb_per_round_std"] = _mean_std(
-            [s["mb_up_per_round"] + s["mb_down_per_round"] for s in summaries])
+            [s["mb_up_per_round"] + s["mb_down_per_round"] + s["mb_gossip_per_round"] for s in summaries])
         row["reached"] = sum(s["rounds_to_target"] is not None for s in summaries)
         row["rounds_mean"] = statistics.fmean([s["rounds"] for s in summaries]) if summaries else math.nan
         rows.append(row)
@@ -449,7 +451,7 @@ def format_markdown(rows: list[dict], metric: str, target: float | None) -> str:
     short = metric.removeprefix("eval_")
     target_text = f" to {target:g}" if target is not None else " to target"
     header = ["algorithm", "hyperparameters", "partition", "seeds", f"final {short}", f"best {short}",
-              f"rounds{target_text} (reached)", f"s{target_text}", "s/round", "MB/round (up+down)"]
+              f"rounds{target_text} (reached)", f"s{target_text}", "s/round", "MB/round (up+down+gossip)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         rounds = _pm(row, "rounds_to_target", 1)

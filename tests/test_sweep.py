@@ -147,6 +147,31 @@ def test_failed_and_unfinished_members_in_the_table(finished, tmp_path, monkeypa
     assert calls == [sweep_module.member_config_path(config, running)]
 
 
+def test_summarize_member_by_hand():
+    """Lower-is-better metric, evaluation every 2nd round, a decentralized run's gossip bytes."""
+    from hf_fedflat.sweep import summarize_member
+
+    history = [
+        {"round": 1, "round_seconds": 2.0, "wall_seconds": 2.5, "bytes_gossip": 3_000_000},
+        {"round": 2, "round_seconds": 4.0, "wall_seconds": 6.5, "bytes_gossip": 3_000_000, "eval_loss": 1.5},
+        {"round": 3, "round_seconds": 3.0, "wall_seconds": 9.5, "bytes_gossip": 3_000_000},
+        {"round": 4, "round_seconds": 3.0, "wall_seconds": 12.5, "bytes_gossip": 3_000_000, "eval_loss": 0.7},
+        {"round": 5, "round_seconds": 3.0, "wall_seconds": 15.5, "bytes_gossip": 3_000_000, "eval_loss": 0.9},
+    ]
+    summary = summarize_member(history, "eval_loss", 0.8)
+    assert summary["final"] == 0.9 and summary["best"] == 0.7
+    assert summary["rounds_to_target"] == 4 and summary["seconds_to_target"] == 12.5
+    assert summary["seconds_per_round"] == pytest.approx(15.0 / 5)
+    assert summary["mb_gossip_per_round"] == pytest.approx(3.0) and summary["mb_up_per_round"] == 0
+    assert summarize_member(history, "eval_loss", 0.5)["rounds_to_target"] is None
+    accuracy = [{"round": 1, "round_seconds": 1.0, "bytes_up": 2e6, "bytes_down": 4e6, "eval_accuracy": 0.6},
+                {"round": 2, "round_seconds": 1.0, "bytes_up": 2e6, "bytes_down": 4e6, "eval_accuracy": 0.5}]
+    summary = summarize_member(accuracy, "eval_accuracy", 0.55)
+    assert (summary["final"], summary["best"], summary["rounds_to_target"]) == (0.5, 0.6, 1)
+    assert summary["seconds_to_target"] is None  # no wall_seconds recorded
+    assert (summary["mb_up_per_round"], summary["mb_down_per_round"]) == (2.0, 4.0)
+
+
 @pytest.mark.parametrize("values, message", [
     ({"algorithms": ["fedavg"], "seedz": [0]}, "unknown key(s) seedz"),
     ({"algorithms": ["fedavg"], "seeds": [0, 0]}, "seeds: repeated"),
