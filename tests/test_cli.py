@@ -120,8 +120,9 @@ def test_usage_list_and_unknown_names(capsys):
     assert main(["fly"]) == 2
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "fedavg" in out and "datasets: cifar10, cifar100, digits, domainnet, fashion_mnist, mnist, officehome, shakespeare" in out
-    with pytest.raises(ValueError, match="^dataset_name: 'nope' is not a registered dataset. Available: cifar10, cifar100, digits, "):
+    assert "fedavg" in out and ("datasets: celeba, cifar10, cifar100, digits, domainnet, fashion_mnist, femnist, mnist, officehome, "
+                                  "reddit, sent140, shakespeare, synthetic, tiny_imagenet") in out
+    with pytest.raises(ValueError, match=r"^dataset_name: 'nope' is not a registered dataset \(available: celeba, cifar10, cifar100, digits, "):
         load_data(DataArguments(dataset_name="nope"), ModelArguments(), seed=0)
     with pytest.raises(ValueError, match="^model_kwargs: must be a JSON object"):
         ModelArguments(model_kwargs="[1, 2]").model_kwargs_dict

@@ -9,6 +9,10 @@
 | ``shakespeare`` | ``flwrlabs/shakespeare`` or the Gutenberg plays | one client per (play, role) |
 | ``sent140`` | LEAF's ``train/``+``test/`` JSON (``--data_dir``), for ``--model_name_or_path`` | one client per Twitter user |
 | ``reddit`` | LEAF's JSON + ``vocab/reddit_vocab.pck`` (``--data_dir``); ``--model_name word_lstm`` or a causal LM | one client per Reddit user |
+| ``femnist`` | ``flwrlabs/femnist`` or LEAF's ``train/``+``test/`` JSON (``--data_dir``) | one client per writer |
+| ``celeba`` | ``flwrlabs/celeba`` or LEAF's JSON + ``raw/img_align_celeba`` (``--data_dir``) | one client per celebrity |
+| ``synthetic`` | generated offline (Synthetic(alpha, beta), FedProx) or a LEAF-format folder | one client per user |
+| ``tiny_imagenet`` | ``zh-plus/tiny-imagenet`` or the ``tiny-imagenet-200`` folder (``--data_dir``) | the partition arguments |
 | any other name | a Hub id or a local path (:mod:`hf_fedflat.data.hf_datasets`), for ``--model_name_or_path`` | the partition arguments, or ``--partition_by`` |
 
 ``--smoke`` writes a tiny copy in the real on-disk format and loads it with the same code. A dataset is
@@ -243,6 +247,29 @@ def _load_shakespeare(data_args: DataArguments, model_args: ModelArguments, seed
                          task="text-classification", partition=clients.partition)
 
 
+def _load_tiny_imagenet(data_args: DataArguments, model_args: ModelArguments, seed: int, *, name: str) -> FederatedData:
+    from .images import set_image_transforms
+    from .tiny_imagenet import (
+        TINY_IMAGENET_HUB,
+        TINY_IMAGENET_MEAN,
+        TINY_IMAGENET_STD,
+        load_tiny_imagenet,
+        write_tiny_imagenet,
+    )
+
+    data_dir = data_args.data_dir
+    if data_args.smoke:
+        data_dir = str(write_tiny_imagenet(_smoke_dir(data_args, name), seed=seed))
+    source = data_args.dataset_path or TINY_IMAGENET_HUB
+    raw, names = load_tiny_imagenet(source, data_dir=data_dir, label_column=data_args.label_column,
+                                    image_column=data_args.image_column)
+    data = set_image_transforms(raw, mean=TINY_IMAGENET_MEAN, std=TINY_IMAGENET_STD, in_chans=3,
+                                train_augmentation=data_args.train_augmentation, **_image_size_or_config(model_args, 3))
+    return FederatedData(name=name, train=data["train"], eval=data["test"], num_classes=len(names), in_chans=3,
+                         hub_id=None if data_dir else source, mean=TINY_IMAGENET_MEAN, std=TINY_IMAGENET_STD,
+                         label_names=names)
+
+
 def _load_synthetic(data_args: DataArguments, model_args: ModelArguments, seed: int, *, name: str) -> FederatedData:
     from .synthetic import load_synthetic, synthetic_transform, write_synthetic_leaf
 
@@ -301,7 +328,7 @@ def _load_celeba(data_args: DataArguments, model_args: ModelArguments, seed: int
 for _loader, _names in ((_load_mnist, ("mnist", "fashion_mnist")), (_load_cifar, ("cifar10", "cifar100")),
                         (_load_domains, ("officehome", "domainnet")), (_load_shakespeare, ("shakespeare",)),
                         (_load_femnist, ("femnist",)), (_load_celeba, ("celeba",)),
-                        (_load_synthetic, ("synthetic",))):
+                        (_load_synthetic, ("synthetic",)), (_load_tiny_imagenet, ("tiny_imagenet",))):
     for _name in _names:
         register_dataset(_name)(functools.partial(_loader, name=_name))
 
