@@ -92,6 +92,8 @@ def test_feddc_local_steps_drift_and_server(tmp_path, tiny_model, tiny_data):
     alpha = 0.3
     args, trainer, algorithm, x, y, w0 = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="feddc",
                                                feddc_alpha=alpha)
+    assert args.aggregation_weights == "uniform" and args.scaffold_server_average == "all_clients"  # paper and code
+    assert algorithm.describe()["corrections"] == ["feddc", "scaffold"]
     dim = w0.numel()
     w_global = w0 + vector(dim, 1)
     h, c, c_i = vector(dim, 2), vector(dim, 3), vector(dim, 4)

@@ -76,7 +76,7 @@ for spec in (
                   "Local drift variable h_i (penalty alpha/2 ||w + h_i - w^t||^2) with SCAFFOLD's gradient "
                   "correction; the server averages w_i + h_i.",
                   "Gao et al., FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling and Correction, "
-                  "CVPR 2022"),
+                  "CVPR 2022", defaults=UNIFORM),
     AlgorithmSpec("fedspeed", "fedspeed_sam", ("fedspeed",), "shifted_mean",
                   "Merged SAM gradient with a prox-correction term; clients send w_i - lambda g_hat_i.",
                   "Sun et al., FedSpeed: Larger Local Interval, Less Communication Round, and Higher Generalization "
