@@ -75,8 +75,8 @@ class WordLSTMConfig(PreTrainedConfig):
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.init_scale > 0:
             raise ValueError(f"init_scale must be positive, got {self.init_scale}")
-        if self.id2label is None:
-            kwargs.setdefault("num_labels", self.num_classes)
+        # no num_labels = vocab_size (as transformers' causal LMs): 10,000 LABEL_i names would fill config.json;
+        # input checks bound token labels by get_output_embeddings() instead
         super().__post_init__(**kwargs)
 
 
