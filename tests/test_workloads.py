@@ -103,3 +103,22 @@ def test_femnist_writers_partition_one_client_per_writer(W):
     assert all(10 <= n <= 500 for n in sizes)
     batch = W.femnist_images({"seed": [0, 1], "labels": [3, 61]})
     assert batch["pixel_values"].shape == (2, 1, 28, 28) and batch["labels"].tolist() == [3, 61]
+
+
+def test_natural_id_partition_equals_flwrs_natural_id_partitioner():
+    import datasets
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    rng = np.random.default_rng(5)
+    pool = ["b", "a", "B", "a_1", "Zed", "10", "9", "ü", "a b", "f0001_01", "f0001_1"]
+    ids = [pool[i] for i in rng.integers(0, len(pool), 300)]
+    raw = datasets.Dataset.from_dict({"writer": ids, "labels": rng.integers(0, 4, 300).tolist()})
+    partition = natural_id_partition(raw, "writer", label_column="labels")
+    flwr = NaturalIdPartitioner(partition_by="writer")
+    flwr.dataset = raw.add_column("row", list(range(300)))
+    expected = [sorted(flwr.load_partition(pid)["row"]) for pid in range(flwr.num_partitions)]
+    assert [ix.tolist() for ix in partition.client_indices] == expected
+    numbers = datasets.Dataset.from_dict({"user": rng.integers(0, 30, 200).tolist(), "labels": [0] * 200})
+    partition = natural_id_partition(numbers, "user", label_column="labels")  # int ids: sorted as strings
+    names = sorted({str(v) for v in numbers["user"]})
+    assert [sorted({str(numbers["user"][i]) for i in ix}) for ix in partition.client_indices] == [[n] for n in names]

@@ -298,14 +298,12 @@ def natural_id_partition(dataset: datasets.Dataset, partition_by: str, *, label_
     """One client per value of ``partition_by`` (a user, speaker or device id), with flwr-datasets'
     ``NaturalIdPartitioner``: every row belongs to the client of its id, so the clients are complete and disjoint.
 
-    Clients are numbered in flwr's order (ids in order of first appearance); ``class_names`` count the label
+    Clients are numbered in flwr's order (the ids' strings sorted); ``class_names`` count the label
     column when it holds one scalar per row (else one class ``"all"``). ``scheme`` is ``"natural_id"``.
 
     Raises:
         ValueError: ``partition_by`` is not a column, or holds a missing (null) id.
     """
-    from flwr_datasets.partitioner import NaturalIdPartitioner
-
     if partition_by not in dataset.column_names:
         raise ValueError(f"partition_by: {partition_by!r} is not a column of the dataset (columns: {dataset.column_names}).")
     n = len(dataset)
@@ -316,11 +314,7 @@ def natural_id_partition(dataset: datasets.Dataset, partition_by: str, *, label_
     if any(v is None for v in ids_column):
         raise ValueError(f"partition_by: {partition_by!r} has missing (null) ids; fill or drop those rows first.")
     ids, class_names = _read_labels_if_any(dataset, label_column)
-    small = datasets.Dataset.from_dict({"__id__": [str(v) for v in ids_column], _ROW: np.arange(n, dtype=np.int64)})
-    partitioner = NaturalIdPartitioner(partition_by="__id__")
-    partitioner.dataset = small
-    client_indices = [np.sort(np.asarray(partitioner.load_partition(pid)[_ROW], dtype=np.int64))
-                      for pid in range(partitioner.num_partitions)]
+    client_indices = _natural_id_indices([str(v) for v in ids_column])
     owner = np.full(n, -1, dtype=np.int64)
     for client, idx in enumerate(client_indices):
         owner[idx] = client
@@ -331,6 +325,18 @@ def natural_id_partition(dataset: datasets.Dataset, partition_by: str, *, label_
     return ClientPartition(client_indices=client_indices,
                            label_counts=label_counts.reshape(num_clients, len(class_names)), scheme="natural_id",
                            alpha=None, seed=0, class_names=class_names, num_rows=n)
+
+
+def _natural_id_indices(ids: list[str]) -> list[np.ndarray]:
+    """Each id's rows (ascending), the ids in flwr-datasets' ``NaturalIdPartitioner`` order (``sorted`` strings).
+
+    The same clients as ``NaturalIdPartitioner.load_partition(pid)`` for every ``pid`` (tested against it), in
+    one sort instead of a ``Dataset.select`` per client (3,400 FEMNIST writers: seconds instead of minutes).
+    """
+    names, owner = np.unique(np.asarray(ids, dtype=str), return_inverse=True)  # code-point order, as sorted()
+    rows = np.argsort(owner, kind="stable").astype(np.int64)  # grouped by client, row order kept in each
+    counts = np.bincount(owner, minlength=len(names))
+    return np.split(rows, np.cumsum(counts)[:-1])
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None, fix: str) -> int:
