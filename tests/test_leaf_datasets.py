@@ -198,6 +198,35 @@ def test_femnist_max_clients_and_bad_pixels(femnist_dir, tmp_path):
         femnist_from_leaf(tmp_path)
 
 
+def test_femnist_cache_is_reused_and_follows_the_files(tmp_path, monkeypatch):
+    import hf_fedflat.data.femnist as femnist
+
+    root = femnist.write_femnist_leaf(tmp_path / "leaf", num_writers=3, samples_per_writer=8, num_files=1)
+    first = femnist.femnist_from_leaf(root)
+    caches = list((root / "hf_fedflat_cache").iterdir())
+    assert len(caches) == 1 and first.dataset["train"].cache_files  # memory-mapped from the cache
+
+    def no_json(*args, **kwargs):
+        raise AssertionError("the JSON files were read again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(femnist, "read_leaf", no_json)
+        again = femnist.femnist_from_leaf(root)
+    assert again.users == first.users and again.partition == first.partition
+    assert again.test_partition == first.test_partition
+    np.testing.assert_array_equal(np.asarray(again.dataset["train"].with_format("numpy")["pixels"]),
+                                  np.asarray(femnist.femnist_from_leaf(root, cache=False).dataset["train"]
+                                             .with_format("numpy")["pixels"]))
+    path = next((root / "test").glob("*.json"))
+    content = json.loads(path.read_text())
+    user = content["users"][0]
+    content["user_data"][user]["y"] = [61] * len(content["user_data"][user]["y"])
+    path.write_text(json.dumps(content))  # a changed file: a new cache
+    changed = femnist.femnist_from_leaf(root)
+    assert changed.test_partition.label_counts[0, 61] == len(content["user_data"][user]["y"])
+    assert len(list((root / "hf_fedflat_cache").iterdir())) == 2
+
+
 def test_femnist_partition_for_3400_writers_is_contiguous_arrays():
     """FEMNIST's scale: 3,400 writers (a few samples each here) -> one table, 3,400 contiguous clients."""
     from hf_fedflat.data.femnist import FEMNIST_CLASS_NAMES, _grouped_split

@@ -136,35 +136,107 @@ def _grouped_split(users: Sequence[str], rows: Sequence[tuple[np.ndarray, np.nda
                             fingerprint=_digest(split, "|".join(users), sizes, labels, *sample))
 
 
-def femnist_from_leaf(root: str | os.PathLike, *, max_clients: int | None = None, seed: int = 0) -> LeafClients:
+CACHE_FOLDER = "hf_fedflat_cache"
+_CACHE_VERSION = 1
+
+
+def _cache_path(root: Path, max_clients: int | None, seed: int) -> Path:
+    """``<root>/hf_fedflat_cache/femnist-<key>``: the key hashes the JSON files' names, sizes and modification
+    times, ``max_clients`` and ``seed`` (a changed file is a new key)."""
+    from .leaf import leaf_split_files
+
+    parts = [f"v{_CACHE_VERSION}", str(max_clients), str(seed if max_clients else 0)]
+    for split in ("train", "test"):
+        for path in leaf_split_files(root, split):
+            stat = path.stat()
+            parts.append(f"{split}/{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return root / CACHE_FOLDER / f"femnist-{_digest(*parts)}"
+
+
+def _partitions_of(dataset: datasets.DatasetDict, sizes: dict[str, list[int]], seed: int) -> dict[str, Any]:
+    out = {}
+    for split in ("train", "test"):
+        labels = np.asarray(dataset[split].data.column("label").to_numpy(), dtype=np.int64)
+        out[split] = contiguous_partition(sizes[split], labels, FEMNIST_CLASS_NAMES, seed=seed)
+    return out
+
+
+def _load_cache(path: Path, seed: int) -> LeafClients | None:
+    import json
+
+    try:
+        meta = json.loads((path / "clients.json").read_text())
+        dataset = datasets.load_from_disk(str(path / "dataset"))  # memory-mapped: the pixels stay on disk
+    except (OSError, ValueError, KeyError) as err:
+        logger.warning("FEMNIST cache %s unreadable (%s): reading the JSON files again.", path, err)
+        return None
+    parts = _partitions_of(dataset, meta["sizes"], seed)
+    return LeafClients(dataset=dataset, partition=parts["train"], test_partition=parts["test"], users=meta["users"])
+
+
+def _save_cache(clients: LeafClients, path: Path, sizes: dict[str, list[int]]) -> bool:
+    import json
+    import shutil
+
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        clients.dataset.save_to_disk(str(tmp / "dataset"))
+        (tmp / "clients.json").write_text(json.dumps({"users": clients.users, "sizes": sizes}))
+        os.replace(tmp, path)  # atomic: a reader sees a complete cache or none
+        return True
+    except OSError as err:  # read-only data folder, another process won the race, disk full
+        logger.info("FEMNIST: no cache written in %s (%s); the JSON files are read again next time.", path.parent, err)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return path.is_dir()
+
+
+def femnist_from_leaf(root: str | os.PathLike, *, max_clients: int | None = None, seed: int = 0,
+                      cache: bool = True) -> LeafClients:
     """FEMNIST from a LEAF folder (``train/*.json`` + ``test/*.json``), one client per writer, LEAF's split.
 
     Args:
         root: LEAF's ``data/femnist/data`` (or ``data/femnist``).
         max_clients: keep this many writers (a seeded draw, in file order); the others are never converted.
         seed: seed of the ``max_clients`` draw.
+        cache: keep the converted Arrow tables in ``<root>/hf_fedflat_cache/femnist-<key>`` (``save_to_disk``)
+            and load them memory-mapped from there: parsing LEAF's JSON (minutes for the ~3,500 writers) happens
+            once per version of the files, and the pixels are not held in memory. Skipped (logged) when the
+            folder is not writable.
 
     Raises:
         LeafFormatError: a malformed file (named), or a sample that is not 784 values in [0, 1].
     """
+    from .leaf import resolve_leaf_root
+
+    root = resolve_leaf_root(root)
+    path = _cache_path(root, max_clients, seed) if cache else None
+    if path is not None and (path / "clients.json").is_file():
+        cached = _load_cache(path, seed)
+        if cached is not None:
+            return cached
     keep = (lambda users: choose_users(users, max_clients, seed)) if max_clients else None
     data = read_leaf(root, convert=_quantize, keep_users=keep)
     train_users = list(data.train)
     test_users = [u for u in data.users if u in data.test]
-    splits, partitions = {}, {}
+    splits, sizes = {}, {}
     for split, users, table in (("train", train_users, data.train), ("test", test_users, data.test)):
         rows = [table[u] for u in users]
-        for u in users:  # the per-writer arrays now live in the concatenated table
+        for u in users:  # the per-writer arrays now live in the table
             table[u] = None
         splits[split] = _grouped_split(users, rows, split)
         del rows
-        labels = np.asarray(splits[split].data.column("label").to_numpy(), dtype=np.int64)
-        sizes = [data.num_samples[split][u] for u in users]
-        partitions[split] = contiguous_partition(sizes, labels, FEMNIST_CLASS_NAMES, seed=seed)
-    if data.split_by == "user":  # a writer's test samples are not its train samples' writer: test ids index test users
+        sizes[split] = [data.num_samples[split][u] for u in users]
+    if data.split_by == "user":  # LEAF --by_user: the test writers are other writers (test_partition indexes them)
         logger.info("FEMNIST: LEAF split by user: %d train writers, %d test writers.", len(train_users), len(test_users))
-    return LeafClients(dataset=datasets.DatasetDict(splits), partition=partitions["train"],
-                       test_partition=partitions["test"], users=train_users)
+    clients = LeafClients(dataset=datasets.DatasetDict(splits), partition=None, test_partition=None, users=train_users)
+    if path is not None and _save_cache(clients, path, sizes):
+        cached = _load_cache(path, seed)
+        if cached is not None:
+            return cached
+    parts = _partitions_of(clients.dataset, sizes, seed)
+    clients.partition, clients.test_partition = parts["train"], parts["test"]
+    return clients
 
 
 def _leaf_label_ids(dataset: datasets.Dataset, label_column: str) -> np.ndarray:
