@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -115,10 +116,17 @@ def _arrange_help(parser: argparse.ArgumentParser, dataclass_types: Sequence[typ
         _shorten(action)
         if action.dest in refused and action.help is not None:
             action.help = f"Refused by federated runs unless left at its default: {refused[action.dest].use_instead}."
+        elif title == INHERITED_GROUP and action.help:
+            action.help = _first_sentence(action.help)  # transformers' docs hold the rest
     # the federated fields in their declaration order (the Trainer fields whose defaults it changes come after)
     declared = {name: i for i, name in enumerate(n for t in dataclass_types for n in _declared_fields(t))}
     if FEDERATED_GROUP in groups:
         groups[FEDERATED_GROUP]._group_actions.sort(key=lambda a: declared.get(a.dest, len(declared)))
+
+
+def _first_sentence(text: str) -> str:
+    match = re.match(r"(.+?[.!?])(\s|$)", " ".join(text.split()))
+    return match.group(1) if match else text
 
 
 def _declared_fields(dtype: type) -> list[str]:
