@@ -6,6 +6,8 @@ A sweep file (YAML or JSON) names the grid; every member is an ``hf-fedflat trai
     output_dir: outputs/sweeps/fedgam
     metric: eval_accuracy          # or eval_loss / eval_perplexity (lower is better); default: eval_accuracy
     target: 0.9                    # rounds and seconds to reach it (optional)
+    baseline: fedavg               # optional: an algorithm (its entry without a grid); each row gets final / best
+                                   # minus the baseline's of the same seed and partition (paired), mean +/- std
     base:                          # any train field, fixed for every member
       dataset_name: digits
       num_clients: 20
@@ -61,7 +63,7 @@ __all__ = ["SweepConfig", "SweepMember", "expand_members", "load_sweep_config", 
 
 logger = logging.getLogger(__name__)
 
-SWEEP_KEYS = ("output_dir", "metric", "target", "base", "algorithms", "grid", "partitions", "seeds", "smoke",
+SWEEP_KEYS = ("output_dir", "metric", "target", "baseline", "base", "algorithms", "grid", "partitions", "seeds", "smoke",
               "launcher", "submitit", "split_seed", "partition_seed", "description")
 LAUNCHERS = ("local", "submitit")
 LOWER_IS_BETTER = ("loss", "perplexity")
@@ -91,6 +93,7 @@ class SweepConfig:
     members: list[SweepMember]
     metric: str = "eval_accuracy"
     target: float | None = None
+    baseline: str | None = None
     launcher: str = "local"
     submitit: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
@@ -165,6 +168,9 @@ def expand_members(values: Mapping[str, Any], *, path: str | None = None, smoke:
     target = values.get("target")
     if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
         _fail(path, f"target: a number (the {metric} to reach), got {target!r}.")
+    baseline = values.get("baseline")
+    if baseline is not None and not isinstance(baseline, str):
+        _fail(path, f"baseline: an algorithm's name as the table shows it (e.g. fedavg), got {baseline!r}.")
     seeds = values.get("seeds", [42])
     if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
         _fail(path, f"seeds: a non-empty list of integers, got {seeds!r}.")
@@ -175,6 +181,10 @@ def expand_members(values: Mapping[str, Any], *, path: str | None = None, smoke:
         _fail(path, "algorithms: a non-empty list of presets (or mappings with fed_algorithm).")
     shared_grid = _grid(values.get("grid"), "grid", path)
     partitions = values.get("partitions") or [{}]
+    # without partitions: the row shows the base's partition (e.g. dirichlet(0.3)), one partition for every member
+    base_partition = str(base.get("partition_scheme", "base")) + (
+        f"({_label(base['dirichlet_alpha'])})" if base.get("partition_scheme") == "dirichlet" and "dirichlet_alpha" in base
+        else "")
     if not isinstance(partitions, list):
         _fail(path, f"partitions: a list of mappings of partition fields, got {partitions!r}.")
     fixed = {}
@@ -205,7 +215,7 @@ def expand_members(values: Mapping[str, Any], *, path: str | None = None, smoke:
             for p_index, partition in enumerate(partitions):
                 partition = _mapping(partition, f"partitions[{p_index}]", path)
                 partition_name = str(partition.pop("name", None) or (
-                    "_".join(f"{k}{_label(v)}" for k, v in partition.items()) if partition else "base"))
+                    "_".join(f"{k}{_label(v)}" for k, v in partition.items()) if partition else base_partition))
                 group = "-".join(x for x in (_label(algorithm_name), hyper_label,
                                              _label(partition_name) if len(partitions) > 1 else "") if x)
                 for seed in seeds:
@@ -221,8 +231,11 @@ def expand_members(values: Mapping[str, Any], *, path: str | None = None, smoke:
         repeated = sorted({n for n in names if names.count(n) > 1})
         _fail(path, f"two members share a name ({', '.join(repeated)}); give the algorithm entries or partitions "
                     "distinct name: keys.")
+    if baseline is not None and not any(m.algorithm == baseline and not m.hyperparameters for m in members):
+        _fail(path, f"baseline: {baseline!r} is not an algorithm entry without grid values "
+                    f"(the entries: {', '.join(sorted({m.algorithm for m in members}))}).")
     return SweepConfig(output_dir=output_dir, members=members, metric=metric,
-                       target=None if target is None else float(target), launcher=launcher,
+                       target=None if target is None else float(target), baseline=baseline, launcher=launcher,
                        submitit=_mapping(values.get("submitit"), "submitit", path), path=path)
 
 
@@ -413,19 +426,22 @@ def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
     """One row per group (algorithm x hyperparameters x partition): mean and std over the seeds whose run ended
     (``completed``, or ``failed``: a run that stopped training counts with its last good model, so that failures
     are not averaged away; a member still running or interrupted is left out); ``reached`` counts the seeds that
-    reached the target."""
+    reached the target. With a ``baseline``, ``delta_final`` / ``delta_best``: the row's value minus the baseline
+    row's (same partition) of the same seed, mean and std over the seeds both have (``paired_seeds``)."""
     from .plots import load_history
 
     groups: dict[str, list[SweepMember]] = {}
     for member in config.members:
         groups.setdefault(member.group, []).append(member)
     rows = []
+    by_seed: dict[str, dict[int, dict]] = {}
     for group, members in groups.items():
         summaries = []
         for member in members:
             history_path = Path(member.output_dir) / "history.json"
             if member_status(member.output_dir) in ("completed", "failed") and history_path.is_file():
                 summaries.append(summarize_member(load_history(history_path), config.metric, config.target))
+                by_seed.setdefault(group, {})[member.seed] = summaries[-1]
         first = members[0]
         row: dict[str, Any] = {"group": group, "algorithm": first.algorithm,
                                "hyperparameters": " ".join(f"{k}={v}" for k, v in first.hyperparameters.items()),
@@ -437,6 +453,16 @@ def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
         row["reached"] = sum(s["rounds_to_target"] is not None for s in summaries)
         row["rounds_mean"] = statistics.fmean([s["rounds"] for s in summaries]) if summaries else math.nan
         rows.append(row)
+    if config.baseline is not None:
+        for row in rows:
+            base_group = next((m.group for m in config.members if m.algorithm == config.baseline
+                               and not m.hyperparameters and m.partition == row["partition"]), None)
+            mine, theirs = by_seed.get(row["group"], {}), by_seed.get(base_group, {})
+            seeds = sorted(set(mine) & set(theirs))
+            row["paired_seeds"] = len(seeds)
+            for key in ("final", "best"):
+                row[f"delta_{key}_mean"], row[f"delta_{key}_std"] = _mean_std(
+                    [mine[s][key] - theirs[s][key] for s in seeds])
     return rows
 
 
@@ -447,16 +473,25 @@ def _pm(row, key, digits) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def format_markdown(rows: list[dict], metric: str, target: float | None) -> str:
+def _signed(row, key, digits) -> str:
+    mean, std = row.get(f"{key}_mean"), row.get(f"{key}_std")
+    if mean is None or math.isnan(mean):
+        return "-"
+    return f"{mean:+.{digits}f} ± {std:.{digits}f}"
+
+
+def format_markdown(rows: list[dict], metric: str, target: float | None, baseline: str | None = None) -> str:
     short = metric.removeprefix("eval_")
     target_text = f" to {target:g}" if target is not None else " to target"
-    header = ["algorithm", "hyperparameters", "partition", "seeds", f"final {short}", f"best {short}",
+    paired = [f"Δ final vs {baseline}", f"Δ best vs {baseline}"] if baseline is not None else []
+    header = ["algorithm", "hyperparameters", "partition", "seeds", f"final {short}", f"best {short}", *paired,
               f"rounds{target_text} (reached)", f"s{target_text}", "s/round", "MB/round (up+down+gossip)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         rounds = _pm(row, "rounds_to_target", 1)
         cells = [row["algorithm"], row["hyperparameters"] or "-", row["partition"],
                  f"{row['seeds']}/{row['seeds_planned']}", _pm(row, "final", 4), _pm(row, "best", 4),
+                 *([_signed(row, "delta_final", 4), _signed(row, "delta_best", 4)] if baseline is not None else []),
                  f"{rounds} ({row['reached']}/{row['seeds']})" if target is not None else "-",
                  _pm(row, "seconds_to_target", 1) if target is not None else "-",
                  _pm(row, "seconds_per_round", 2), _pm(row, "mb_per_round", 3)]
@@ -509,7 +544,7 @@ def write_tables(config: SweepConfig) -> dict[str, str]:
     folder = os.path.join(config.output_dir, SWEEP_FOLDER)
     paths = {"markdown": os.path.join(folder, "results.md"), "csv": os.path.join(folder, "results.csv"),
              "plot": os.path.join(folder, "results.png")}
-    atomic_write_text(format_markdown(rows, config.metric, config.target) + "\n", paths["markdown"], durable=False)
+    atomic_write_text(format_markdown(rows, config.metric, config.target, config.baseline) + "\n", paths["markdown"], durable=False)
     table = io.StringIO()
     if rows:
         writer = csv.DictWriter(table, fieldnames=list(rows[0]))

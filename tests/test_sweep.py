@@ -42,6 +42,7 @@ def finished(tmp_path_factory):
     """A 2 algorithms x 2 seeds sweep on digits, run once for the module."""
     root = tmp_path_factory.mktemp("sweep")
     path = _write(root / "sweep.yaml", {"output_dir": str(root / "out"), "target": 0.15, "base": TINY,
+                                        "baseline": "fedavg",
                                         "algorithms": ["fedavg", {"fed_algorithm": "fedsam", "grid": {"rho": [0.05]}}],
                                         "seeds": [0, 1]})
     assert sweep_main(["--config", path]) == 0
@@ -70,6 +71,13 @@ def test_table_is_mean_and_std_over_seeds_of_the_members_history(finished):
         assert row["mb_per_round_mean"] > 0  # every round sends the model both ways
         reached = [next((r for r in h if r.get("eval_accuracy", -1) >= 0.15), None) for h in histories]
         assert row["reached"] == sum(r is not None for r in reached)
+        baseline = [json.loads((Path(finished.output_dir) / f"fedavg-seed{s}" / "history.json").read_text())
+                    for s in (0, 1)]
+        base_finals = [[r for r in h if "eval_accuracy" in r][-1]["eval_accuracy"] for h in baseline]
+        deltas = [f - b for f, b in zip(finals, base_finals)]  # paired by seed
+        assert row["paired_seeds"] == 2
+        assert row["delta_final_mean"] == pytest.approx(statistics.fmean(deltas), abs=1e-12)
+        assert row["delta_final_std"] == pytest.approx(statistics.stdev(deltas), abs=1e-12)
         rounds = [r["round"] for r in reached if r is not None]
         if rounds:
             assert row["rounds_to_target_mean"] == pytest.approx(statistics.fmean(rounds))
@@ -78,6 +86,7 @@ def test_table_is_mean_and_std_over_seeds_of_the_members_history(finished):
     table = (Path(finished.output_dir) / "sweep" / "results.md").read_text()
     row = rows["fedavg"]
     assert f"{row['final_mean']:.4f} ± {row['final_std']:.4f}" in table
+    assert "| Δ final vs fedavg | Δ best vs fedavg |" in table and "| +0.0000 ± 0.0000 |" in table
     csv_text = (Path(finished.output_dir) / "sweep" / "results.csv").read_text()
     assert csv_text.splitlines()[0].startswith("group,algorithm,hyperparameters,partition,seeds")
     assert (Path(finished.output_dir) / "sweep" / "results.png").stat().st_size > 1000
@@ -180,6 +189,8 @@ def test_summarize_member_by_hand():
     ({"algorithms": ["fedavg"], "launcher": "slurm"}, "launcher: must be one of"),
     ({"algorithms": ["fedavg"], "grid": {"rho": 0.1}}, "grid.rho must be a non-empty list"),
     ({"algorithms": ["fedavg"], "base": {**TINY, "seed": 3}}, "base.seed: set by the sweep"),
+    ({"algorithms": [{"fed_algorithm": "fedavg", "grid": {"learning_rate": [0.1]}}], "baseline": "fedavg"},
+     "baseline: 'fedavg' is not an algorithm entry without grid values"),
 ])
 def test_sweep_config_errors(tmp_path, values, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
