@@ -7,7 +7,8 @@ The FEMNIST job's shape with small client data: LEAF's FEMNIST CNN (``small_cnn`
 convolutions, a 2048-unit dense layer, 62 classes: 6.6M parameters), 100 clients of 20 generated 28x28 images
 each (FEMNIST's shapes; FEMNIST writers have ~200), 10 clients per round, FedAvg, batch 10, one local epoch
 (2 optimizer steps per client), SGD lr 0.05. For each K the same run is timed round by round (the first round,
-which builds the lanes and warms up, is not timed); every K must end with the same final weights as K=1
+which builds the lanes and warms up, is not timed), in wall time and in the process's CPU time (on a shared
+machine more threads also take a larger share of the cores from other processes: compare both); every K must end with the same final weights as K=1
 (``max_abs_weight_diff``, 0 when the lanes reproduce one client at a time; on a GPU, kernels may differ between
 streams only if cuDNN picks different algorithms: the run then records the difference).
 
@@ -41,17 +42,18 @@ FLUTE_SECONDS_PER_ROUND = 502 / 1500  # 8 min 22 s for 1,500 rounds
 
 class RoundTimes(FederatedCallback):
     def __init__(self):
-        self.started, self.seconds = 0.0, []
+        self.started, self.seconds, self.started_cpu, self.cpu_seconds = 0.0, [], 0.0, []
 
     def on_round_begin(self, trainer, round_index, clients, **kwargs):
         if trainer.args.use_cpu is False and torch.cuda.is_available():
             torch.cuda.synchronize()
-        self.started = time.perf_counter()
+        self.started, self.started_cpu = time.perf_counter(), time.process_time()
 
     def on_aggregate(self, trainer, round_index, updates, **kwargs):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.seconds.append(time.perf_counter() - self.started)
+        self.cpu_seconds.append(time.process_time() - self.started_cpu)
 
 
 def femnist_like(rows: int, seed: int = 0) -> datasets.Dataset:
@@ -76,10 +78,10 @@ def run(k: int, options, data) -> dict:
         times = RoundTimes()
         trainer = FederatedTrainer(model, args, data, None, label_column="labels", callbacks=[times])
         params = trainer.train().params.detach().float().cpu()
-        timed = times.seconds[1:]  # round 1 builds the lanes and warms up
+        timed, cpu = times.seconds[1:], times.cpu_seconds[1:]  # round 1 builds the lanes and warms up
         lanes = trainer.local_training.concurrent.lanes if trainer.local_training.concurrent else []
         return {"k": k, "seconds_per_round": sum(timed) / len(timed), "rounds_per_second": len(timed) / sum(timed),
-                "round_seconds": times.seconds, "clients_per_lane": [len(lane.clients) for lane in lanes],
+                "cpu_seconds_per_round": sum(cpu) / len(cpu), "round_seconds": times.seconds, "clients_per_lane": [len(lane.clients) for lane in lanes],
                 "num_parameters": trainer.space.numel, "params": params}
 
 
@@ -103,7 +105,7 @@ def main() -> None:
         result["vs_flute"] = FLUTE_SECONDS_PER_ROUND / result["seconds_per_round"]
         print(f"K={result['k']}: {result['seconds_per_round'] * 1000:.1f} ms/round, {result['rounds_per_second']:.2f} "
               f"rounds/s ({result['speedup_vs_first']:.2f}x K={results[0]['k']}, {result['vs_flute']:.2f}x FLUTE's "
-              f"0.33 s/round), clients per lane {result['clients_per_lane']}, max |w - w_K1| "
+              f"0.33 s/round), process CPU {result['cpu_seconds_per_round'] * 1000:.1f} ms/round, clients per lane {result['clients_per_lane']}, max |w - w_K1| "
               f"{result['max_abs_weight_diff']:.3g}", flush=True)
     machine = {"device": options.device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                "platform": platform.platform(), "gpu": torch.cuda.get_device_name() if options.device == "cuda" else None,

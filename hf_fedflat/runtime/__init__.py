@@ -12,6 +12,9 @@ Nothing here changes a number: with the fast path off (``HF_FEDFLAT_FAST_PATH=0`
 - :mod:`.trainer`: the local Trainer's fast path (optimizer reuse, seeding, accelerate patches);
   imported by ``training.ClientTrainer`` only.
 - :mod:`.datasets`: ``select_rows``, client datasets without hashing the transform.
+- :mod:`.concurrent`: several clients at once in one process (``concurrent_clients``, :mod:`.arguments`): lanes
+  with their own model and Trainer, one guard over the global random generators. Not behind the switch: it is
+  asked for by a field, and gives the same weights as one client at a time.
 """
 
 from .switch import MECHANISMS, FastPath, current, enabled, fast_path
