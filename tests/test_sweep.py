@@ -255,6 +255,21 @@ def test_submitit_launcher_builds_one_job_per_unfinished_member(tmp_path, monkey
     assert not list((tmp_path / "out").glob("*/history.json"))  # nothing ran here
 
 
+def test_submitit_no_wait_then_table_only(tmp_path, monkeypatch, capsys):
+    """--no_wait submits and returns without a table; --table_only later writes one from what has ended."""
+    record = {"submitted": []}
+    monkeypatch.setitem(sys.modules, "submitit", _fake_submitit(record))
+    path = _write(tmp_path / "sweep.yaml", {"output_dir": str(tmp_path / "out"), "base": TINY, "seeds": [0, 1],
+                                            "algorithms": ["fedavg"], "launcher": "submitit"})
+    assert sweep_main(["--config", path, "--no_wait"]) == 0
+    assert "Submitted 2 members" in capsys.readouterr().out and len(record["submitted"]) == 2
+    assert not (tmp_path / "out" / "sweep" / "results.md").exists()
+    assert sweep_main(["--config", path, "--table_only"]) == 0
+    assert len(record["submitted"]) == 2  # nothing submitted again
+    table = (tmp_path / "out" / "sweep" / "results.md").read_text()
+    assert "| fedavg | - | base | 0/2 | - | - |" in table
+
+
 def test_submitit_missing_is_named(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "submitit", None)  # import submitit -> ImportError
     path = _write(tmp_path / "sweep.yaml", {"output_dir": str(tmp_path / "out"), "base": TINY,
