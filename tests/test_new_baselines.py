@@ -725,6 +725,7 @@ def test_feddecorr_code_normalization_is_the_authors_loss(tmp_path, tiny_model, 
     paper_off_diagonal = (torch.corrcoef(z.T).pow(2).sum() - d) / d ** 2
     ratio = float(decorr(z) / paper_off_diagonal)
     assert ratio == pytest.approx((n - 1) ** 2 * d / (n * (d - 1)), rel=1e-3)
+    from hf_fedflat.corrections.feddecorr import FedDecorrConfig
+
     with pytest.raises(ValueError, match="feddecorr_normalization"):
-        build_algorithm(type(args)(output_dir=str(tmp_path), use_cpu=True, fed_algorithm="feddecorr",
-                                   feddecorr_normalization="barlow"))
+        FedDecorrConfig(feddecorr_normalization="barlow").validate()
