@@ -57,7 +57,8 @@ def _create_named_model(model_args: ModelArguments, data: FederatedData):
     from .models.text import TEXT_MODELS
 
     if model_args.model_name in TEXT_MODELS:
-        return create_model(model_args.model_name, num_classes=data.num_classes, vocab_size=data.num_classes,
+        vocab_size = getattr(data, "vocab_size", None) or data.num_classes  # next-token models: classes = vocabulary
+        return create_model(model_args.model_name, num_classes=data.num_classes, vocab_size=vocab_size,
                             **model_args.model_kwargs_dict)
     try:
         return create_model(

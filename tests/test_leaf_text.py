@@ -356,3 +356,44 @@ def test_word_lstm_is_leafs_stacked_lstm_and_masks_its_loss():
         small(ids, labels=labels[:, :3])
     with pytest.raises(ValueError, match="num_classes=5 must equal vocab_size=12"):
         create_model("word_lstm", num_classes=5, vocab_size=12)
+
+
+def test_sent140_leaf_word_ids_for_leafs_lstm(sent140_dir, tmp_path):
+    from hf_fedflat.data.arguments import DataArguments
+    from hf_fedflat.data.leaf_text import load_sent140_data, sent140_split_line, sent140_word_ids
+    from hf_fedflat.models.arguments import ModelArguments
+
+    assert sent140_split_line("I loved it, don't_go!! 2day") == ["I", "loved", "it", ",", "don't_go", "!", "!", "2day"]
+    word2id = {"a": 0, "good": 1}
+    assert sent140_word_ids("a good, good day", word2id, max_words=6) == [0, 1, 2, 1, 2, 2]  # ',' 'day' unknown
+    assert sent140_word_ids("a a a a", word2id, max_words=3) == [0, 0, 0]
+    args = DataArguments(dataset_name="sent140", data_dir=str(sent140_dir))
+    out = load_sent140_data(args, ModelArguments(model_name="char_lstm"), seed=0)
+    # built from the 9 train tweets: 'bad' 2, 'great' 2, 'movie' 2, then the 1-count words alphabetically
+    words = ["bad", "great", "movie", "a", "awful", "boring", "end", "fun", "good", "i", "it", "loved", "music",
+             "pacing", "story", "terrible", "the", "was", "wonderful"]
+    unk = len(words)
+    assert out["vocab_size"] == unk + 1 and out["num_classes"] == 2
+    first = out["train"][0]  # bob's "awful boring movie"
+    assert first["input_ids"].tolist() == [4, 5, 2] + [unk] * 22 and int(first["labels"]) == 0
+    assert out["eval"][0]["input_ids"].tolist()[:4] == [3, 8, unk, unk]  # "a good film": film unknown
+    assert out["partition"].num_samples == [2, 3, 4]
+    # LEAF's embs.json (GloVe's word list) beside the data takes precedence: id = position in its vocab
+    (sent140_dir / "embs.json").write_text(json.dumps({"vocab": ["movie", "boring", "awful"], "emba": [[0.0]] * 3}))
+    try:
+        out = load_sent140_data(args, ModelArguments(model_name="char_lstm"), seed=0)
+    finally:
+        (sent140_dir / "embs.json").unlink()
+    assert out["vocab_size"] == 4 and out["train"][0]["input_ids"].tolist() == [2, 1, 0] + [3] * 22
+    assert main(["train", "--dataset_name", "sent140", "--data_dir", str(sent140_dir), "--model_name", "char_lstm",
+                 "--model_kwargs", json.dumps({"embedding_dim": 8, "hidden_size": 8}), "--output_dir", str(tmp_path),
+                 "--optim", "adamw_torch", "--learning_rate", "0.01", *COMMON]) == 0
+    from hf_fedflat.models import load_model
+
+    model = load_model(tmp_path / "final_model").eval()
+    assert model.config.vocab_size == unk + 1 and model.config.num_classes == 2
+    test_ids = [[3, 8] + [unk] * 23, [4] + [unk] * 24, [1, 14] + [unk] * 23]  # a good film / awful / great story
+    with torch.no_grad():
+        predicted = model(torch.tensor(test_ids)).logits.argmax(-1).numpy()
+    accuracy = float(np.mean(predicted == np.array([1, 0, 1])))
+    assert json.loads((tmp_path / "history.json").read_text())[-1]["eval_accuracy"] == pytest.approx(accuracy)

@@ -72,6 +72,8 @@ class FederatedData:
     compute_metrics: Any = None
     #: the Trainer's preprocess_logits_for_metrics (None: logits gathered whole); a causal LM's per-row token statistics
     preprocess_logits_for_metrics: Any = None
+    #: input ids of a --model_name text model when they differ from its classes (Sent140's words); None: num_classes
+    vocab_size: int | None = None
 
 
 DatasetLoader = Callable[[DataArguments, ModelArguments, int], FederatedData]

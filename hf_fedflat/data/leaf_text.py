@@ -12,9 +12,15 @@ Sent140 (``--dataset_name sent140``)
     ``"4"`` (positive), else 0. Here a row keeps its five fields as columns (``tweet_id``, ``date``, ``query``,
     ``user``, ``text``), ``label`` is a ``ClassLabel`` (``negative``, ``positive``) and ``text`` is tokenized by
     ``--model_name_or_path``'s tokenizer with truncation at ``--max_seq_length``; batches are padded per batch
-    (``DataCollatorWithPadding``). A user's client size is LEAF's ``num_samples`` of its train file. LEAF's own
-    baselines (a GloVe-embedding LSTM, a bag-of-words logistic regression) need GloVe's ``embs.json`` and are not
-    built here; any transformers sequence classifier is (``--smoke`` writes a tiny BERT).
+    (``DataCollatorWithPadding``). A user's client size is LEAF's ``num_samples`` of its train file. Any
+    transformers sequence classifier trains on it (``--smoke`` writes a tiny BERT). LEAF's own LSTM
+    (``models/sent140/stacked_lstm.py``: the ids of a tweet's first 25 words by LEAF's ``split_line``, an unknown
+    word and the padding both id ``len(vocab)``, a trainable embedding, 2 LSTM layers of 100, the last position to
+    a dense layer of 128 then 2 classes) is ``--model_name char_lstm --model_kwargs '{"embedding_dim": 100,
+    "hidden_size": 100}'`` on those ids (:func:`sent140_word_ids`): the same computation except LEAF's two
+    activation-free dense layers, which compose to one linear map (here the single head). Its vocabulary is the
+    word list of LEAF's ``embs.json`` (GloVe's words, from ``get_embs.sh``) when one is found, else every word of
+    the training tweets (:func:`sent140_vocabulary`). LEAF's bag-of-words logistic regression is not built.
 Reddit (``--dataset_name reddit``)
     LEAF's ``data/reddit/source/preprocess.py`` (checked against ``TalwalkarLab/leaf``): every comment (nltk
     ``TweetTokenizer`` tokens, lower-cased) becomes input ``[<BOS>] + tokens + [<EOS>]`` and target ``tokens +
@@ -22,7 +28,7 @@ Reddit (``--dataset_name reddit``)
     ``SEQ_LEN`` = 10 and cut into rows of 10; ``count_tokens`` is 1 on the ``len(tokens) + 2`` real input positions,
     0 on the padding. A user's ``x`` is a list of comments, each a list of such 10-token rows; ``y`` a list of
     dicts ``{subreddit, created_utc, score, target_tokens, count_tokens}``. Comments are in time order, the first
-    60% train, the next 20% ``val/``, the last 20% test. Assumptions and choices, stated:
+    60% train, the next 20% ``val/`` (not read here), the last 20% test. Assumptions and choices, stated:
 
     * **``num_samples``** in LEAF's reddit files is copied from the file before the split (``create_leaf_json``),
       i.e. the user's total number of comments in train, val and test alike, not ``len(x)``; it is read as
@@ -62,6 +68,7 @@ import logging
 import os
 import pickle
 import random
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -85,6 +92,9 @@ __all__ = [
     "read_reddit",
     "read_sent140",
     "reddit_comment_rows",
+    "sent140_split_line",
+    "sent140_vocabulary",
+    "sent140_word_ids",
     "reddit_token_statistics",
     "save_reddit_vocab",
     "write_reddit_smoke",
@@ -191,6 +201,51 @@ def read_sent140(root: str | os.PathLike, *, max_clients: int | None = None, see
     partition = contiguous_partition(sizes, labels, SENT140_LABELS)
     return Sent140Data(train=train, test=test, users=users, num_samples=[data.num_samples["train"][u] for u in users],
                        partition=partition)
+
+
+SENT140_MAX_WORDS = 25
+"""Words per tweet of LEAF's Sent140 LSTM (``process_x(..., max_words=25)``; ``baseline_constants``' seq_len)."""
+_SPLIT_LINE = re.compile(r"[\w']+|[.,!?;]")
+
+
+def sent140_split_line(line: str) -> list[str]:
+    """LEAF's ``split_line``: words (letters, digits, ``_``, ``'``) and the marks ``. , ! ? ;``."""
+    return _SPLIT_LINE.findall(line)
+
+
+def sent140_word_ids(line: str, word2id: dict[str, int], max_words: int = SENT140_MAX_WORDS) -> list[int]:
+    """LEAF's ``line_to_indices``: the first ``max_words`` words' ids, an unknown word and the padding after the
+    last word both ``len(word2id)``; always ``max_words`` ids."""
+    unk = len(word2id)
+    ids = [word2id.get(w, unk) for w in sent140_split_line(line)[:max_words]]
+    return ids + [unk] * (max_words - len(ids))
+
+
+def _find_sent140_embs(root: str | os.PathLike, leaf_root: Path) -> Path | None:
+    """LEAF's ``embs.json`` (``models/sent140/get_embs.sh``): in ``data_dir``, beside or above LEAF's data folder,
+    or in LEAF's ``models/sent140/`` of the same checkout."""
+    candidates = [Path(root).expanduser(), leaf_root, leaf_root.parent]
+    if len(leaf_root.parents) >= 3:
+        candidates.append(leaf_root.parents[2] / "models" / "sent140")
+    return next((folder / "embs.json" for folder in candidates if (folder / "embs.json").is_file()), None)
+
+
+def sent140_vocabulary(root: str | os.PathLike, texts: Sequence[str]) -> tuple[dict[str, int], str]:
+    """``(word -> id, where it came from)``: the ``vocab`` list of LEAF's ``embs.json`` (GloVe's words, id = position)
+    when one is found (see :func:`_find_sent140_embs`), else every word of ``texts`` (the training tweets) by
+    decreasing count, ties by word."""
+    from .leaf import resolve_leaf_root
+
+    found = _find_sent140_embs(root, resolve_leaf_root(root))
+    if found is not None:
+        vocab = json.loads(found.read_text(encoding="utf-8")).get("vocab")
+        if not isinstance(vocab, list) or not vocab:
+            raise ValueError(f"{found}: LEAF's embs.json holds a 'vocab' list of words (and 'emba'), got "
+                             f"{type(vocab).__name__}")
+        return {str(w): i for i, w in enumerate(vocab)}, str(found)
+    counts = Counter(w for text in texts for w in sent140_split_line(text))
+    words = sorted(counts, key=lambda w: (-counts[w], w))
+    return {w: i for i, w in enumerate(words)}, "the training tweets"
 
 
 # =================================================================================================
@@ -612,21 +667,26 @@ def load_sent140_data(data_args, model_args, seed: int) -> dict[str, Any]:
     from ..models.auto import load_processing_class
     from .hf_datasets import tokenize_classification
 
+    from ..models.text import TEXT_MODELS
+
     root = data_args.data_dir or data_args.dataset_path
+    leaf_model = model_args.model_name_or_path is None and model_args.model_name in TEXT_MODELS
     if data_args.smoke:
         smoke = Path(data_args.smoke_dir or "smoke_data") / "sent140"
         root = str(write_sent140_smoke(smoke, seed=seed))
-        if model_args.model_name_or_path is None:  # a tiny BERT whose word tokenizer knows the smoke tweets
+        if model_args.model_name_or_path is None and not leaf_model:  # a tiny BERT that knows the smoke words
             model_args.model_name_or_path = _smoke_model_dir(smoke, "bert", [" ".join(sent140_smoke_words())])
             logger.info("sent140 --smoke: a tiny random BERT at %s", model_args.model_name_or_path)
     if root is None:
         raise ValueError("data_dir: sent140 is read from LEAF's files; pass --data_dir with the folder holding train/ and "
                          "test/ (LEAF: data/sent140/data after ./preprocess.sh -s niid --sf 0.3 -k 30 -t sample), or "
                          "--smoke.")
+    if leaf_model:
+        return _sent140_word_ids_data(root, data_args, seed)
     if model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path: sent140 is text classification through a transformers model; pass "
                          "--model_name_or_path (a Hub id such as distilbert-base-uncased, or a local folder with its "
-                         "tokenizer).")
+                         "tokenizer), or --model_name char_lstm for LEAF's LSTM on word ids.")
     data = read_sent140(root, max_clients=data_args.max_clients, seed=seed)
     tokenizer = load_processing_class(model_args, "text-classification")
     options = dict(text_columns=["text"], label_column="label", max_seq_length=data_args.max_seq_length)
@@ -636,6 +696,27 @@ def load_sent140_data(data_args, model_args, seed: int) -> dict[str, Any]:
     return dict(name="sent140", train=train, eval=test, num_classes=2, in_chans=0, label_column="labels", hub_id=None,
                 task="text-classification", partition=data.partition, label_names=list(SENT140_LABELS),
                 processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer))
+
+
+def _sent140_word_ids_data(root: str, data_args, seed: int) -> dict[str, Any]:
+    """LEAF's own Sent140 input for ``--model_name char_lstm`` (LEAF's ``sent140/stacked_lstm``): each tweet as the
+    ids of its first 25 words (:func:`sent140_word_ids`), the vocabulary from ``embs.json`` or the train tweets."""
+    data = read_sent140(root, max_clients=data_args.max_clients, seed=seed)
+    columns = {name: split.with_format("arrow")[:] for name, split in (("train", data.train), ("test", data.test))}
+    word2id, source = sent140_vocabulary(root, columns["train"].column("text").to_pylist())
+    sequence = datasets.Sequence(datasets.Value("int32"), length=SENT140_MAX_WORDS)
+    features = datasets.Features({"input_ids": sequence, "labels": datasets.ClassLabel(names=SENT140_LABELS)})
+
+    def encode(table) -> datasets.Dataset:  # column reads from Arrow (a Dataset column iterates row by row)
+        ids = [sent140_word_ids(text, word2id) for text in table.column("text").to_pylist()]
+        labels = table.column("label").to_pylist()
+        return _arrow_dataset({"input_ids": ids, "labels": labels}, features).with_format("torch")
+
+    logger.info("sent140: %d users, word ids of %d words from %s (unknown and padding: id %d)", len(data.users),
+                len(word2id), source, len(word2id))
+    return dict(name="sent140", train=encode(columns["train"]), eval=encode(columns["test"]), num_classes=2,
+                in_chans=0, label_column="labels", hub_id=None, task="text-classification", partition=data.partition,
+                label_names=list(SENT140_LABELS), vocab_size=len(word2id) + 1)
 
 
 def load_reddit_data(data_args, model_args, seed: int) -> dict[str, Any]:
