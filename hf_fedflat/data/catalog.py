@@ -7,7 +7,7 @@
 | ``cifar10``, ``cifar100`` | ``uoft-cs/cifar10``, ``uoft-cs/cifar100`` | the partition arguments |
 | ``officehome``, ``domainnet`` | ``flwrlabs/office-home``; DomainNet: a local copy | leave-one-domain-out |
 | ``shakespeare`` | ``flwrlabs/shakespeare`` or the Gutenberg plays | one client per (play, role) |
-| ``sent140`` | LEAF's ``train/``+``test/`` JSON (``--data_dir``), for ``--model_name_or_path`` | one client per Twitter user |
+| ``sent140`` | LEAF's ``train/``+``test/`` JSON (``--data_dir``), for ``--model_name_or_path`` or ``char_lstm`` | one client per Twitter user |
 | ``reddit`` | LEAF's JSON + ``vocab/reddit_vocab.pck`` (``--data_dir``); ``--model_name word_lstm`` or a causal LM | one client per Reddit user |
 | ``femnist`` | ``flwrlabs/femnist`` or LEAF's ``train/``+``test/`` JSON (``--data_dir``) | one client per writer |
 | ``celeba`` | ``flwrlabs/celeba`` or LEAF's JSON + ``raw/img_align_celeba`` (``--data_dir``) | one client per celebrity |
