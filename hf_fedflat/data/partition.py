@@ -309,8 +309,9 @@ def natural_id_partition(dataset: datasets.Dataset, partition_by: str, *, label_
     n = len(dataset)
     if n == 0:
         raise ValueError("dataset is empty: nothing to partition")
-    ids_column = dataset.select_columns([partition_by]).with_format(None)[partition_by]
-    ids_column = list(ids_column)
+    # The whole column in one formatted batch: datasets 4's lazy column is read row by row otherwise (765k FEMNIST
+    # rows: 95 s instead of under a second).
+    ids_column = dataset.select_columns([partition_by]).with_format(None)[:][partition_by]
     if any(v is None for v in ids_column):
         raise ValueError(f"partition_by: {partition_by!r} has missing (null) ids; fill or drop those rows first.")
     ids, class_names = _read_labels_if_any(dataset, label_column)
@@ -643,7 +644,10 @@ def plot_partition_heatmap(
                         client, cls, str(value), ha="center", va="center", fontsize=7,
                         color="black" if value > threshold else "white",
                     )
-    ax_bar.bar(range(num_clients), counts.sum(axis=1), color="0.4", width=0.8)
+    if num_clients <= 200:
+        ax_bar.bar(range(num_clients), counts.sum(axis=1), color="0.4", width=0.8)
+    else:  # one artist, not one patch per client (3,400 bars: ~1 min to draw)
+        ax_bar.stairs(counts.sum(axis=1), np.arange(num_clients + 1) - 0.5, fill=True, color="0.4")
     ax_bar.set_ylabel("size")
     ax_bar.tick_params(axis="x", labelbottom=False)
     fig.suptitle(
