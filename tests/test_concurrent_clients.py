@@ -113,7 +113,8 @@ def test_dropout_and_random_transforms_give_the_same_weights_as_one_client_at_a_
     torch.manual_seed(0)
     one, *_ = run(settings, model=DropoutClassifier(), train=noisy_train_data())
     torch.manual_seed(0)
-    many, trainer, _, _ = run({**settings, "concurrent_clients": 3}, model=DropoutClassifier(), train=noisy_train_data())
+    many, trainer, _, _ = run({**settings, "concurrent_clients": 3}, model=DropoutClassifier(),
+                              train=noisy_train_data())
     assert torch.equal(one, many)
     assert sum(n > 0 for n in lanes_used(trainer)) >= 2
     # the draws matter: the same run with another seed ends elsewhere (so a mixed-up generator would show)

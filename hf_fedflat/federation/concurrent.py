@@ -61,8 +61,8 @@ class ConcurrentClients:
             if device.type == "cuda":
                 lane.stream = torch.cuda.Stream(device=device)
             instrument(lane.trainer, self.guard)
-        logger.info("concurrent_clients=%d: %d more copies of the model (%d parameters each)", self.count, self.count - 1,
-                    main.space.numel)
+        logger.info("concurrent_clients=%d: %d more copies of the model (%d parameters each)", self.count,
+                    self.count - 1, main.space.numel)
         self.lanes = lanes
         return lanes
 
