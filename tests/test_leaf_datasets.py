@@ -63,6 +63,18 @@ def test_leaf_round_trip_several_files_and_hierarchies(tmp_path):
     seen = []
     kept = read_leaf(tmp_path, convert=lambda u, x, y: seen.append(u) or len(y), keep_users=lambda us: us[1:3])
     assert kept.train == {"u1": 3, "u2": 4} and kept.test == {"u1": 1, "u2": 1} and set(seen) == {"u1", "u2"}
+    # the keep_users pass reads only the head of a file whose first key is users (LEAF's order), else all of it
+    from hf_fedflat.data.leaf import _read_users
+
+    head_only = _write_raw(tmp_path / "heads", "h.json", '{"users": ["p", "q"], "num_samples": [1, 1], "user_data": {BROKEN')
+    assert _read_users(head_only) == ["p", "q"]
+    other_order = _write_raw(tmp_path / "heads", "o.json", {"num_samples": [1], "users": ["r"],
+                                                             "user_data": {"r": {"x": [[0]], "y": [0]}}})
+    assert _read_users(other_order) == ["r"]
+    many = ["user_%06d" % i for i in range(120_000)]  # the array runs past the first MiB: the whole file is parsed
+    long = _write_raw(tmp_path / "heads", "l.json", {"users": many, "num_samples": [0] * len(many),
+                                                     "user_data": {u: {"x": [], "y": []} for u in many}})
+    assert _read_users(long) == many
     # split by user (LEAF --by_user): disjoint users are accepted and reported
     by_user = tmp_path / "by_user"
     write_leaf(by_user, "train", {"a": ([[0]], [0]), "b": ([[1]], [1])})

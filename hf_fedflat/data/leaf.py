@@ -183,6 +183,25 @@ def _load_file(path: Path) -> dict:
     return content
 
 
+def _read_users(path: Path) -> list[str]:
+    """The ``users`` list of a LEAF file without parsing its samples when ``users`` is the file's first key (as
+    LEAF writes it): only the array at the head of the file is decoded. Otherwise the whole file is read."""
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 20)
+    key = head.find(b'"users"')
+    if key >= 0 and head[:key].strip() == b"{":
+        start = head.find(b"[", key)
+        colon = head[key + len(b'"users"'):start].strip() if start >= 0 else b""
+        if colon == b":":
+            try:
+                users, _ = json.JSONDecoder().raw_decode(head[start:].decode("utf-8", errors="ignore"))
+            except json.JSONDecodeError:  # the array continues past the first MiB
+                users = None
+            if isinstance(users, list):
+                return [str(user) for user in users]
+    return [str(user) for user in _load_file(path)["users"]]
+
+
 def iter_leaf_users(root: str | Path, split: str, *, files: Sequence[Path] | None = None,
                     check_num_samples: bool = True) -> Iterator[LeafUser]:
     """Every user of ``root/<split>/*.json``, file by file, validated (see the module docstring).
@@ -241,7 +260,8 @@ def read_leaf(
             (default: the ``(x, y)`` lists as stored). Return compact arrays to keep memory low.
         splits: the splits to read (``("train",)`` reads no test folder).
         keep_users: optional ``train users -> users to keep`` (e.g. a seeded ``max_clients`` draw): the user ids
-            of every file are read first (a cheap pass), the samples of the other users are never converted.
+            of every file are read first (only the head of each file when ``users`` is its first key, as LEAF
+            writes it), the samples of the other users are never converted.
         check_num_samples: ``False`` accepts ``num_samples`` that differ from ``len(x)`` (LEAF Reddit states each
             user's total count in every split); ``len(x) == len(y)`` is always required.
 
@@ -257,7 +277,7 @@ def read_leaf(
     files = {split: leaf_split_files(root, split) for split in splits}
     wanted: set[str] | None = None
     if keep_users is not None:
-        train_users = [user for path in files["train"] for user in map(str, _load_file(path)["users"])]
+        train_users = [user for path in files["train"] for user in _read_users(path)]
         wanted = set(map(str, keep_users(train_users)))
     out: dict[str, dict[str, Any]] = {split: {} for split in LEAF_SPLITS}
     counts: dict[str, dict[str, int]] = {split: {} for split in LEAF_SPLITS}
