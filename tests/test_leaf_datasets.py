@@ -316,6 +316,30 @@ def test_celeba_one_client_per_celebrity_and_image_errors(tmp_path):
         celeba_from_leaf(tmp_path / "bad")
 
 
+def test_partition_by_names_the_user_column_of_a_hub_copy(tmp_path):
+    from hf_fedflat.data.arguments import DataArguments
+    from hf_fedflat.data.catalog import load_data
+    from hf_fedflat.models.arguments import ModelArguments
+
+    ids = ["x"] * 6 + ["y"] * 5 + ["z"] * 4
+    flat = datasets.Dataset.from_dict({"image": [Image.new("RGB", (8, 8))] * len(ids), "person": ids,
+                                       "Smiling": [i % 2 for i in range(len(ids))]},
+                                      features=datasets.Features({"image": datasets.Image(),
+                                                                  "person": datasets.Value("string"),
+                                                                  "Smiling": datasets.Value("int64")}))
+    flat.save_to_disk(str(tmp_path / "hub"))
+    data = load_data(DataArguments(dataset_name="celeba", dataset_path=str(tmp_path / "hub"), partition_by="person"),
+                     ModelArguments(), seed=0)
+    assert data.partition.num_clients == 2 and data.partition.num_samples == [5, 4]  # z has 4 images: dropped
+    with pytest.raises(ValueError, match=r"'celeb_id' is not a column of the dataset \(columns: .*'person'"):
+        load_data(DataArguments(dataset_name="celeba", dataset_path=str(tmp_path / "hub")), ModelArguments(), seed=0)
+    with pytest.raises(ValueError, match="^partition_by: a LEAF folder names its users itself"):
+        load_data(DataArguments(dataset_name="femnist", smoke=True, smoke_dir=str(tmp_path), partition_by="w"),
+                  ModelArguments(), seed=0)
+    with pytest.raises(ValueError, match="^partition_by: applies to Hub/local datasets"):
+        load_data(DataArguments(dataset_name="synthetic", partition_by="user"), ModelArguments(image_size=1), seed=0)
+
+
 def test_celeba_hub_layout_keeps_celebrities_with_five_images():
     from hf_fedflat.data.celeba import celeba_from_rows
 

@@ -73,7 +73,8 @@ class DataArguments:
     partition_by: str | None = field(
         default=None,
         metadata={"help": "Natural-id partition: one client per value of this column (e.g. a user or speaker id; "
-                          "flwr-datasets' NaturalIdPartitioner); num_clients follows the data."},
+                          "flwr-datasets' NaturalIdPartitioner); num_clients follows the data. femnist / celeba Hub "
+                          "copies: the user column (default writer_id / celeb_id)."},
     )
     dataset_path: str | None = field(
         default=None,

@@ -9,8 +9,8 @@
 | ``shakespeare`` | ``flwrlabs/shakespeare`` or the Gutenberg plays | one client per (play, role) |
 | ``sent140`` | LEAF's ``train/``+``test/`` JSON (``--data_dir``), for ``--model_name_or_path`` or ``char_lstm`` | one client per Twitter user |
 | ``reddit`` | LEAF's JSON + ``vocab/reddit_vocab.pck`` (``--data_dir``); ``--model_name word_lstm`` or a causal LM | one client per Reddit user |
-| ``femnist`` | ``flwrlabs/femnist`` or LEAF's ``train/``+``test/`` JSON (``--data_dir``) | one client per writer |
-| ``celeba`` | ``flwrlabs/celeba`` or LEAF's JSON + ``raw/img_align_celeba`` (``--data_dir``) | one client per celebrity |
+| ``femnist`` | ``flwrlabs/femnist`` or LEAF's ``train/``+``test/`` JSON (``--data_dir``) | one client per writer (Hub copy: ``--partition_by``, default ``writer_id``) |
+| ``celeba`` | ``flwrlabs/celeba`` or LEAF's JSON + ``raw/img_align_celeba`` (``--data_dir``) | one client per celebrity (Hub copy: ``--partition_by``, default ``celeb_id``) |
 | ``synthetic`` | generated offline (Synthetic(alpha, beta), FedProx) or a LEAF-format folder | one client per user |
 | ``tiny_imagenet`` | ``zh-plus/tiny-imagenet`` or the ``tiny-imagenet-200`` folder (``--data_dir``) | the partition arguments |
 | any other name | a Hub id or a local path (:mod:`hf_fedflat.data.hf_datasets`), for ``--model_name_or_path`` | the partition arguments, or ``--partition_by`` |
@@ -124,10 +124,24 @@ def load_data(data_args: DataArguments, model_args: ModelArguments, seed: int) -
         from .hf_datasets import load_hf_dataset
 
         return FederatedData(**load_hf_dataset(data_args, model_args, seed))
-    if data_args.partition_by:
+    if data_args.partition_by and data_args.dataset_name not in CLIENT_COLUMN_DATASETS:
         raise ValueError(f"partition_by: applies to Hub/local datasets (--dataset_name <hub id or path>); "
                          f"{data_args.dataset_name!r} is split by the partition arguments or by its own clients.")
     return loader(data_args, model_args, seed)
+
+
+#: registered datasets whose Hub copy names each sample's user in a column that ``--partition_by`` may rename
+CLIENT_COLUMN_DATASETS = {"femnist": "writer_id", "celeba": "celeb_id"}
+
+
+def _client_column(data_args: DataArguments, data_dir: str | None) -> str:
+    """The user column of a Hub copy (``--partition_by``, else the copy's own name); refused for a LEAF folder."""
+    from .femnist import is_leaf_folder
+
+    if data_args.partition_by and (is_leaf_folder(data_dir) or is_leaf_folder(data_args.dataset_path)):
+        raise ValueError(f"partition_by: a LEAF folder names its users itself (one client per user); "
+                         f"--partition_by applies to a Hub / save_to_disk copy of {data_args.dataset_name}.")
+    return data_args.partition_by or CLIENT_COLUMN_DATASETS[data_args.dataset_name]
 
 
 OFFICE_HOME_SMOKE_DOMAINS = ["Art", "Clipart", "Product", "Real_World"]
@@ -301,7 +315,8 @@ def _load_femnist(data_args: DataArguments, model_args: ModelArguments, seed: in
         data_dir = str(write_femnist_leaf(_smoke_dir(data_args, name), seed=seed))
     source = data_args.dataset_path or FEMNIST_HUB
     clients = load_femnist(source, data_dir=data_dir, max_clients=data_args.max_clients, seed=seed,
-                           label_column=data_args.label_column, image_column=data_args.image_column)
+                           label_column=data_args.label_column, image_column=data_args.image_column,
+                           writer_column=_client_column(data_args, data_dir))
     in_chans = _model_channels(model_args, 1)
     transform = femnist_transform(model_args.image_size, in_chans)
     return FederatedData(name=name, train=clients.dataset["train"].with_transform(transform),
@@ -319,7 +334,8 @@ def _load_celeba(data_args: DataArguments, model_args: ModelArguments, seed: int
         data_dir = str(write_celeba_leaf(_smoke_dir(data_args, name), seed=seed))
     source = data_args.dataset_path or CELEBA_HUB
     clients = load_celeba(source, data_dir=data_dir, max_clients=data_args.max_clients, seed=seed,
-                          label_column=data_args.label_column, image_column=data_args.image_column)
+                          label_column=data_args.label_column, image_column=data_args.image_column,
+                          client_column=_client_column(data_args, data_dir))
     data = set_image_transforms(clients.dataset, mean=CELEBA_MEAN, std=CELEBA_STD, in_chans=3,
                                 train_augmentation=data_args.train_augmentation, **_image_size_or_config(model_args, 3))
     return FederatedData(name=name, train=data["train"], eval=data["test"], num_classes=len(CELEBA_CLASS_NAMES),

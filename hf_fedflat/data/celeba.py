@@ -118,7 +118,8 @@ def celeba_from_rows(dataset: datasets.Dataset, *, client_column: str = "celeb_i
 
 def load_celeba(name_or_path: str = CELEBA_HUB, *, data_dir: str | os.PathLike | None = None,
                 max_clients: int | None = None, seed: int = 0, label_column: str | None = None,
-                image_column: str | None = None, cache_dir: str | os.PathLike | None = None) -> LeafClients:
+                image_column: str | None = None, client_column: str = "celeb_id",
+                cache_dir: str | os.PathLike | None = None) -> LeafClients:
     """CelebA from a LEAF folder (``data_dir`` or ``name_or_path``), or the Hub / a ``save_to_disk`` copy."""
     from .femnist import is_leaf_folder
     from .images import load_image_dataset
@@ -128,8 +129,8 @@ def load_celeba(name_or_path: str = CELEBA_HUB, *, data_dir: str | os.PathLike |
             return celeba_from_leaf(path, max_clients=max_clients, seed=seed)
     raw = load_image_dataset(name_or_path, data_dir=data_dir, cache_dir=cache_dir)
     table = datasets.concatenate_datasets(list(raw.values())) if len(raw) > 1 else next(iter(raw.values()))
-    return celeba_from_rows(table, label_column=label_column or "Smiling", image_column=image_column,
-                            max_clients=max_clients, seed=seed)
+    return celeba_from_rows(table, client_column=client_column, label_column=label_column or "Smiling",
+                            image_column=image_column, max_clients=max_clients, seed=seed)
 
 
 def write_celeba_leaf(root: str | os.PathLike, *, num_celebrities: int = 6, images_per_celebrity: int = 8,

@@ -294,6 +294,7 @@ def load_femnist(
     seed: int = 0,
     label_column: str | None = None,
     image_column: str | None = None,
+    writer_column: str = "writer_id",
     cache_dir: str | os.PathLike | None = None,
 ) -> LeafClients:
     """FEMNIST from a LEAF folder (``data_dir`` or ``name_or_path``), or the Hub copy / a ``save_to_disk`` copy
@@ -305,8 +306,8 @@ def load_femnist(
 
     raw = load_image_dataset(name_or_path, data_dir=data_dir, cache_dir=cache_dir)
     table = datasets.concatenate_datasets(list(raw.values())) if len(raw) > 1 else next(iter(raw.values()))
-    return femnist_from_rows(table, label_column=label_column or "character", image_column=image_column,
-                             max_clients=max_clients, seed=seed)
+    return femnist_from_rows(table, writer_column=writer_column, label_column=label_column or "character",
+                             image_column=image_column, max_clients=max_clients, seed=seed)
 
 
 def femnist_transform(image_size: int | None = None, in_chans: int = 1):
