@@ -33,8 +33,10 @@ member runs (:func:`hf_fedflat.parsing.parse_train_arguments` on the member's co
 
 A member whose ``run_status.json`` says ``completed`` and which has ``final_model/`` is skipped, so is one that
 says ``failed`` (it ended without training: an outcome, reported and counted in the table); one with checkpoints
-resumes from its latest. The table (:func:`summarize_members`, one row per algorithm x hyperparameters x
-partition, mean and sample standard deviation over the seeds whose run ended) goes to
+resumes from its latest. A member whose folder was run with other fields (the sweep file was edited since:
+``<member>/sweep_member.json``) stops the sweep before any run. The table (:func:`summarize_members`, one row
+per algorithm x hyperparameters x partition, mean and sample standard deviation over the seeds whose run ended)
+goes to
 ``<output_dir>/sweep/results.md`` / ``results.csv``, the curves (mean and a mean +/- std band) to
 ``results.png``.
 """
@@ -258,10 +260,34 @@ def load_sweep_config(path: str, *, smoke: bool = False, output_dir: str | None 
     return config
 
 
+#: written into a member's run folder when it starts: the fields it was run with (see :func:`check_member_fields`)
+MEMBER_FIELDS_FILE = "sweep_member.json"
+
+
+def check_member_fields(config: SweepConfig) -> None:
+    """Refuse (``ValueError``) a member whose run folder was started with other fields than the sweep now gives it
+    (the sweep file was edited after a run): skipping or resuming it would mix two set-ups in one table row."""
+    for member in config.members:
+        path = Path(member.output_dir) / MEMBER_FIELDS_FILE
+        if not path.is_file():
+            continue
+        try:
+            ran = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        now = json.loads(json.dumps(member.fields))
+        changed = sorted(k for k in set(ran) | set(now) if ran.get(k) != now.get(k))
+        if changed:
+            details = ", ".join(f"{k}: {ran.get(k)!r} -> {now.get(k)!r}" for k in changed)
+            raise ValueError(f"sweep member {member.name}: its folder {member.output_dir} was run with other fields "
+                             f"({details}); delete that folder, or give the sweep another output_dir.")
+
+
 def validate_members(config: SweepConfig) -> None:
     from .io import atomic_write_json
     from .parsing import parse_train_arguments
 
+    check_member_fields(config)
     for member in config.members:
         member_path = member_config_path(config, member)
         atomic_write_json(member.fields, member_path)
@@ -313,6 +339,10 @@ def run_member(member_config: str) -> str:
         return state
     if state == "resumable":
         args.resume_from_checkpoint = "latest"
+    from .io import atomic_write_json
+
+    if not (Path(args.output_dir) / MEMBER_FIELDS_FILE).is_file():
+        atomic_write_json(json.loads(Path(member_config).read_text()), os.path.join(args.output_dir, MEMBER_FIELDS_FILE))
     try:
         run_experiment(data_args, model_args, args, lora_args=lora_args)
     except TrainingFailedError as failed:
@@ -581,6 +611,7 @@ def sweep_main(argv: Sequence[str]) -> int:
     try:
         config = load_sweep_config(options.config, smoke=options.smoke, output_dir=options.output_dir,
                                    validate=not options.table_only)
+        check_member_fields(config)
     except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"hf-fedflat sweep: {error}", file=sys.stderr)
         return 2

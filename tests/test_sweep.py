@@ -128,6 +128,25 @@ def test_resume_skips_finished_members_and_resumes_an_interrupted_one(finished, 
         {n: t for n, t in mtimes.items() if n != victim.name}
 
 
+def test_an_edited_sweep_file_is_refused_for_members_already_run(finished, tmp_path, capsys):
+    """The sweep file changed after its members ran (here the learning rate): skipping or resuming them would put
+    two set-ups in one row, so the sweep stops before any run and names the member, the field and the folder."""
+    for member in finished.members:
+        ran = json.loads((Path(member.output_dir) / "sweep_member.json").read_text())
+        assert ran == json.loads(json.dumps(member.fields))
+    path = _write(tmp_path / "edited.yaml", {"output_dir": finished.output_dir, "target": 0.15, "baseline": "fedavg",
+                                             "base": {**TINY, "learning_rate": 0.2}, "seeds": [0, 1],
+                                             "algorithms": ["fedavg", {"fed_algorithm": "fedsam",
+                                                                       "grid": {"rho": [0.05]}}]})
+    mtimes = {m.name: (Path(m.output_dir) / "history.json").stat().st_mtime_ns for m in finished.members}
+    for argv in (["--config", path], ["--config", path, "--table_only"]):
+        assert sweep_main(argv) == 2
+        err = capsys.readouterr().err
+        assert "sweep member fedavg-seed0" in err and "learning_rate: 0.1 -> 0.2" in err
+        assert f"its folder {finished.members[0].output_dir} was run with other fields" in err
+    assert {m.name: (Path(m.output_dir) / "history.json").stat().st_mtime_ns for m in finished.members} == mtimes
+
+
 def test_failed_and_unfinished_members_in_the_table(finished, tmp_path, monkeypatch):
     """A member whose run ended without training (run_status failed) is not run again and counts in the table
     with its history; a member still running (history, no run status) is left out of the table."""
