@@ -94,6 +94,9 @@ class CharLSTMConfig(_NextCharConfigMixin, PreTrainedConfig):
         hidden_size: Units of each LSTM layer (256 in LEAF).
         num_layers: Number of stacked LSTM layers (2 in LEAF).
         dropout: Dropout between LSTM layers (0 in LEAF).
+        forget_bias: Added to the initial forget-gate bias of every layer (TensorFlow's ``BasicLSTMCell``, which
+            LEAF's LSTMs use, adds 1.0 to the forget gate; PyTorch's cell adds nothing). The gradients are the
+            same, so an initial offset trains as TensorFlow's constant does. 0 keeps PyTorch's initialisation.
     """
 
     model_type = "hf_fedflat_char_lstm"
@@ -104,6 +107,7 @@ class CharLSTMConfig(_NextCharConfigMixin, PreTrainedConfig):
     hidden_size: int = 256
     num_layers: int = 2
     dropout: float = 0.0
+    forget_bias: float = 0.0
 
     def __post_init__(self, **kwargs):
         kwargs = self._sync_num_classes(kwargs)
@@ -248,8 +252,12 @@ class CharLSTMModel(_NextCharModel):
             hf_init.normal_(module.weight, mean=0.0, std=1.0)
         elif isinstance(module, nn.LSTM):
             bound = 1.0 / math.sqrt(module.hidden_size)
-            for param in module.parameters():
+            for name, param in module.named_parameters():
+                if getattr(param, "_is_hf_initialized", False):  # loaded from a checkpoint: left alone
+                    continue
                 hf_init.uniform_(param, -bound, bound)
+                if name.startswith("bias_ih") and self.config.forget_bias:  # gates i, f, g, o: f is the 2nd
+                    param[module.hidden_size: 2 * module.hidden_size] += self.config.forget_bias
         elif isinstance(module, nn.Linear):
             _init_linear_like_pytorch(module)
 
