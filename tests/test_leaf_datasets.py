@@ -66,7 +66,8 @@ def test_leaf_round_trip_several_files_and_hierarchies(tmp_path):
     # the keep_users pass reads only the head of a file whose first key is users (LEAF's order), else all of it
     from hf_fedflat.data.leaf import _read_users
 
-    head_only = _write_raw(tmp_path / "heads", "h.json", '{"users": ["p", "q"], "num_samples": [1, 1], "user_data": {BROKEN')
+    broken = '{"users": ["p", "q"], "num_samples": [1, 1], "user_data": {BROKEN'
+    head_only = _write_raw(tmp_path / "heads", "h.json", broken)
     assert _read_users(head_only) == ["p", "q"]
     other_order = _write_raw(tmp_path / "heads", "o.json", {"num_samples": [1], "users": ["r"],
                                                              "user_data": {"r": {"x": [[0]], "y": [0]}}})
@@ -302,7 +303,8 @@ def test_celeba_one_client_per_celebrity_and_image_errors(tmp_path):
         raw = table.cast_column("image", datasets.Image(decode=False))
         for client, (user, (x, y, _)) in enumerate(expected.items()):
             idx = part.client_indices[client]
-            assert [r["path"] for r in raw.select(idx)["image"]] == [str(root / "raw" / "img_align_celeba" / n) for n in x]
+            folder = root / "raw" / "img_align_celeba"
+            assert [r["path"] for r in raw.select(idx)["image"]] == [str(folder / n) for n in x]
             assert list(table.select(idx)["label"]) == y and set(table.select(idx)["celeb_id"]) == {user}
     assert table[0]["image"].size == (178, 218)
     first = _users_from_json(root, "train")
@@ -357,7 +359,8 @@ def test_celeba_hub_layout_keeps_celebrities_with_five_images():
     assert clients.partition.num_samples == [6, 4] and clients.test_partition.num_samples == [1, 1]
     train = clients.dataset["train"]
     positions = [i for i, c in enumerate(ids) if c in ("10", "12")]
-    assert sorted(list(train["label"]) + list(clients.dataset["test"]["label"])) == sorted(smiling[positions].astype(int).tolist())
+    labels = list(train["label"]) + list(clients.dataset["test"]["label"])
+    assert sorted(labels) == sorted(smiling[positions].astype(int).tolist())
 
 
 # ---------------------------------------------------------------------------------------------- Synthetic
@@ -463,13 +466,15 @@ def test_smoke_two_rounds_offline(tmp_path, name, model, extra):
     from hf_fedflat.experiment import build_experiment
     from hf_fedflat.models.arguments import ModelArguments
 
-    args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_rounds=2, num_clients=4, clients_per_round=2,
-                                local_steps=2, per_device_train_batch_size=4, disable_tqdm=True, report_to=[])
+    args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_rounds=2, num_clients=4,
+                                clients_per_round=2, local_steps=2, per_device_train_batch_size=4, disable_tqdm=True,
+                                report_to=[])
     experiment = build_experiment(DataArguments(dataset_name=name, smoke=True),
                                   ModelArguments(model_name=model, image_size=extra.get("image_size", 16)), args)
     partition = experiment.data.partition
     if name != "tiny_imagenet":  # the natural clients (the users of the written LEAF files) set num_clients
-        written = sum(len(json.loads(p.read_text())["users"]) for p in (tmp_path / "smoke_data" / name).glob("train/*.json"))
+        files = (tmp_path / "smoke_data" / name).glob("train/*.json")
+        written = sum(len(json.loads(p.read_text())["users"]) for p in files)
         assert experiment.args.num_clients == partition.num_clients == written
     experiment.trainer.train()
     history = experiment.trainer.history

@@ -291,7 +291,8 @@ def _load_synthetic(data_args: DataArguments, model_args: ModelArguments, seed: 
 
     if model_args.image_size != 1:
         raise ValueError(f"image_size: synthetic's samples are vectors of features, fed as pixel_values [dim, 1, 1]; "
-                         f"pass --image_size 1 (with --model_name logistic, FedProx's model), got {model_args.image_size}.")
+                         f"pass --image_size 1 (with --model_name logistic, FedProx's model), got "
+                         f"{model_args.image_size}.")
     data_dir = data_args.data_dir
     if data_args.smoke:
         data_dir = str(write_synthetic_leaf(_smoke_dir(data_args, name), alpha=data_args.synthetic_alpha,

@@ -228,7 +228,8 @@ def femnist_from_leaf(root: str | os.PathLike, *, max_clients: int | None = None
         del rows
         sizes[split] = [data.num_samples[split][u] for u in users]
     if data.split_by == "user":  # LEAF --by_user: the test writers are other writers (test_partition indexes them)
-        logger.info("FEMNIST: LEAF split by user: %d train writers, %d test writers.", len(train_users), len(test_users))
+        logger.info("FEMNIST: LEAF split by user: %d train writers, %d test writers.", len(train_users),
+                    len(test_users))
     clients = LeafClients(dataset=datasets.DatasetDict(splits), partition=None, test_partition=None, users=train_users)
     if path is not None and _save_cache(clients, path, sizes):
         cached = _load_cache(path, seed)

@@ -14,9 +14,10 @@ both folders, its samples divided) or by user (``--by_user``: a user is in one f
 accepts both and refuses anything else (a user in ``test`` only when most users are in both, a user twice in
 one split).
 
-Streaming: files are parsed one at a time (with ``orjson`` when it is installed: ~3x faster than ``json``) and each user's ``x``/``y`` is handed to a ``convert`` callback
-right away (e.g. FEMNIST's 784 floats per image -> one ``uint8`` array per user), so at most one file's
-Python lists are alive at once, whatever the number of users (FEMNIST: ~3,500 writers in ~36 files).
+Streaming: files are parsed one at a time (with ``orjson`` when it is installed: ~3x faster than ``json``) and
+each user's ``x``/``y`` is handed to a ``convert`` callback right away (e.g. FEMNIST's 784 floats per image -> one
+``uint8`` array per user), so at most one file's Python lists are alive at once, whatever the number of users
+(FEMNIST: ~3,500 writers in ~36 files).
 
 Validation (every message names the file): the three keys present; ``users`` and ``num_samples`` of one length
 (and ``hierarchies`` when given); ``user_data`` keyed by exactly ``users``; ``num_samples[i] == len(x) ==
@@ -26,6 +27,8 @@ Interface::
 
     data = read_leaf(root, convert=lambda user, x, y: (np.asarray(x, np.float32), np.asarray(y)))
     data.users                      # train users in file order (then test-only users when split by user)
+    # rows grouped by user -> their natural partition (ClientPartition) in milliseconds:
+    partition = contiguous_partition(sizes_per_user, labels_per_row, class_names)
     data.train["f0000_14"]          # convert's result for that user's train samples
     data.num_samples["test"][user]  # LEAF's count
     write_leaf(root, "train", {"u0": (x, y), ...}, num_files=2)   # the same format back
@@ -44,16 +47,16 @@ __all__ = [
     "LEAF_SPLITS",
     "LeafData",
     "LeafFormatError",
-    "LeafUser",
     "LeafClients",
+    "LeafUser",
     "choose_users",
     "contiguous_partition",
-    "split_by_sample",
     "iter_leaf_users",
     "leaf_split_files",
     "natural_clients_from_rows",
     "read_leaf",
     "resolve_leaf_root",
+    "split_by_sample",
     "write_leaf",
 ]
 

@@ -192,8 +192,9 @@ def write_synthetic_leaf(root: str | os.PathLike, *, alpha: float = 1.0, beta: f
     for split in ("train", "test"):
         table = clients.dataset[split].with_format("numpy")
         part = clients.partition if split == "train" else clients.test_partition
-        write_leaf(root, split, {user: (table[part.client_indices[k]]["features"], table[part.client_indices[k]]["label"])
-                                 for k, user in enumerate(clients.users)}, num_files=2)
+        rows = [table[part.client_indices[k]] for k in range(len(clients.users))]
+        write_leaf(root, split, {user: (rows[k]["features"], rows[k]["label"]) for k, user in enumerate(clients.users)},
+                   num_files=2)
     return Path(root)
 
 
