@@ -132,14 +132,21 @@ def _run_dirs(patterns: Sequence[str]) -> list[Path]:
     return unique
 
 
-def summarize_run(run_dir: str | os.PathLike, metric: str = "eval_accuracy") -> dict[str, Any]:
-    """Final and best ``metric`` (lowest for losses), rounds and timing of one run folder."""
+#: what a run's summary shows when no metric is named: the first one its history has
+SUMMARY_METRICS = ("eval_accuracy", "eval_perplexity", "eval_loss")
+
+
+def summarize_run(run_dir: str | os.PathLike, metric: str | None = None) -> dict[str, Any]:
+    """Final and best ``metric`` (lowest for losses and perplexities), rounds and timing of one run folder;
+    ``metric`` None: the first of :data:`SUMMARY_METRICS` in its history (a language model has no accuracy)."""
     from .plots import load_history, metric_series
 
     run_dir = Path(run_dir)
     history = load_history(run_dir)
+    if metric is None:
+        metric = next((m for m in SUMMARY_METRICS if any(m in record for record in history)), SUMMARY_METRICS[0])
     rounds, values = metric_series(history, metric)
-    better = min if "loss" in metric else max
+    better = min if "loss" in metric or "perplexity" in metric else max
     best_index = values.index(better(values)) if values else None
     algorithm = "–"
     config = run_dir / "final_model" / "federated_config.json"

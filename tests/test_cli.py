@@ -126,3 +126,16 @@ def test_usage_list_and_unknown_names(capsys):
         load_data(DataArguments(dataset_name="nope"), ModelArguments(), seed=0)
     with pytest.raises(ValueError, match="^model_kwargs: must be a JSON object"):
         ModelArguments(model_kwargs="[1, 2]").model_kwargs_dict
+
+
+def test_run_summary_of_a_language_model_shows_perplexity_lowest_best(tmp_path):
+    from hf_fedflat.cli import summarize_run
+
+    history = [{"round": 1, "eval_loss": 3.0, "eval_perplexity": 20.0, "round_seconds": 1.0},
+               {"round": 2, "eval_loss": 2.0, "eval_perplexity": 7.4, "round_seconds": 3.0},
+               {"round": 3, "eval_loss": 2.2, "eval_perplexity": 9.0, "round_seconds": 2.0}]
+    (tmp_path / "history.json").write_text(json.dumps(history))
+    summary = summarize_run(tmp_path)
+    assert (summary["metric"], summary["final"], summary["best"], summary["best_round"]) == ("eval_perplexity", 9.0, 7.4, 2)
+    assert summary["seconds_per_round"] == 2.0
+    assert summarize_run(tmp_path, "eval_loss")["best"] == 2.0
