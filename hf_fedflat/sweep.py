@@ -540,7 +540,8 @@ def sweep_figure(config: SweepConfig, dpi: int = 110):
     groups: dict[str, list[SweepMember]] = {}
     for member in config.members:
         groups.setdefault(member.group, []).append(member)
-    for group, members in groups.items():
+    styles = ("-", "--", ":", "-.")  # past 10 rows the colours repeat: the line style tells them apart
+    for index, (group, members) in enumerate(groups.items()):
         series = {}
         for member in members:
             path = Path(member.output_dir) / "history.json"
@@ -555,7 +556,7 @@ def sweep_figure(config: SweepConfig, dpi: int = 110):
         table = np.array([[s[r] for r in common] for s in series.values()], dtype=float)
         mean = table.mean(axis=0)
         std = table.std(axis=0, ddof=1) if len(table) > 1 else np.zeros_like(mean)
-        (line,) = ax.plot(common, mean, label=f"{group} ({len(table)} seeds)")
+        (line,) = ax.plot(common, mean, label=f"{group} ({len(table)} seeds)", linestyle=styles[(index // 10) % 4])
         ax.fill_between(common, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("round")
     ax.set_ylabel(config.metric)
