@@ -287,14 +287,15 @@ def test_push_to_hub_method_uploads_the_final_model(trained, tmp_path, monkeypat
     assert not math.isnan(output.training_loss)
 
 
-def test_cli_push_to_hub_offline_fails_before_round_one(tmp_path, monkeypatch):
+def test_cli_push_to_hub_offline_fails_before_round_one(tmp_path, monkeypatch, capsys):
     from hf_fedflat.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "out"
-    with pytest.raises(HubAccessError, match=r"^push_to_hub: cannot create or reach the Hub repository 'org/cli-run'"):
-        main(["train", "--dataset_name", "digits", "--model_name", "small_cnn", "--image_size", "8",
+    assert 2 == main(["train", "--dataset_name", "digits", "--model_name", "small_cnn", "--image_size", "8",
               "--output_dir", str(out), "--fed_algorithm", "fedavg", "--num_clients", "4", "--clients_per_round", "2",
               "--num_rounds", "1", "--local_steps", "1", "--per_device_train_batch_size", "8", "--use_cpu",
               "--disable_tqdm", "true", "--push_to_hub", "--hub_model_id", "org/cli-run"])
+    err = capsys.readouterr().err  # one line, exit status 2
+    assert "hf-fedflat train: error: push_to_hub: cannot create or reach the Hub repository 'org/cli-run'" in err
     assert not (out / "history.json").exists() and not (out / "final_model").exists()

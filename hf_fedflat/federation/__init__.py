@@ -13,7 +13,8 @@ _EXPORTS = {
     ".client": ("ClientStart", "FailurePolicy", "LocalTraining"),
     ".comm": ("FederatedProcessGroup", "get_process_group", "init_federated_process_group"),
     ".load_balance": ("ClientCostModel", "assign_to_processes", "local_work"),
-    ".loop": ("FederatedTrainOutput", "run_rounds"),
+    ".loop": ("run_rounds",),
+    ".outcome": ("FederatedTrainOutput", "TrainingFailedError"),
     "..sampling": ("derive_seed", "sample_clients"),
     ".strategy": ("ServerStrategy", "Strategy"),
     ".trainer": ("FederatedTrainer", "accuracy_metrics", "local_training_arguments"),
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from .client import ClientStart, FailurePolicy, LocalTraining
     from .comm import FederatedProcessGroup, get_process_group, init_federated_process_group
     from .load_balance import ClientCostModel, assign_to_processes, local_work
-    from .loop import FederatedTrainOutput, run_rounds
+    from .loop import run_rounds
+    from .outcome import FederatedTrainOutput, TrainingFailedError
     from .strategy import ServerStrategy, Strategy
     from .trainer import FederatedTrainer, accuracy_metrics, local_training_arguments

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -34,26 +33,12 @@ from ..io import RecordLog
 from ..runtime.vectors import recycle_vectors
 from .callbacks import RoundReporter
 from .load_balance import assign_to_processes
-from .outcome import TrainingFailedError, untrained_reason, write_run_status
+from .outcome import FederatedTrainOutput, TrainingFailedError, untrained_reason, write_run_status
 from .parent import ParentWatch
 from .strategy import NonFiniteServerStep
 from .wire import decode_gathered, encode_updates
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class FederatedTrainOutput:
-    """What ``FederatedTrainer.train()`` returns: the final global weights (flat), the per-round records, the
-    saved model's folder, and ``transformers.TrainOutput``'s fields (a round is a step; filled by the trainer,
-    see :func:`~hf_fedflat.federation.trainer_api.train_metrics`)."""
-
-    params: torch.Tensor
-    history: list[dict]
-    final_model_dir: str | None
-    global_step: int = 0
-    training_loss: float = float("nan")
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def aggregation_weights(updates, scheme: str) -> torch.Tensor:

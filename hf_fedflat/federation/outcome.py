@@ -1,4 +1,5 @@
-"""How a run ended: ``run_status.json``, and :class:`TrainingFailedError` for a run that did not train.
+"""How a run ended: :class:`FederatedTrainOutput`, ``run_status.json``, and :class:`TrainingFailedError` for a
+run that did not train.
 
 A run did not train when no client was aggregated for ``max_consecutive_failed_rounds`` rounds in a row
 (:class:`~.client.FailurePolicy`), or in any round at all: its model is the last good one (the initial
@@ -9,8 +10,28 @@ one when no round aggregated anything), so no ``final_model/`` is written; ``run
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..io import atomic_write_json
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class FederatedTrainOutput:
+    """What ``FederatedTrainer.train()`` returns: the final global weights (flat), the per-round records, the
+    saved model's folder, and ``transformers.TrainOutput``'s fields (a round is a step; filled by the trainer,
+    see :func:`~hf_fedflat.federation.trainer_api.train_metrics`)."""
+
+    params: torch.Tensor
+    history: list[dict]
+    final_model_dir: str | None
+    global_step: int = 0
+    training_loss: float = float("nan")
+    metrics: dict[str, float] = field(default_factory=dict)
+
 
 #: what ``hf-fedflat train`` exits with when the run failed with :class:`TrainingFailedError`
 EXIT_TRAINING_FAILED = 3

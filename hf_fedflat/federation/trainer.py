@@ -29,8 +29,8 @@ from .checkpoint import RunCheckpoints
 from .client import FailurePolicy, LocalTraining
 from .comm import get_process_group, quiet_process_group_warning
 from .load_balance import ClientCostModel
-from .loop import FederatedTrainOutput, run_rounds
-from .outcome import TrainingFailedError
+from .loop import run_rounds
+from .outcome import FederatedTrainOutput, TrainingFailedError
 from .strategy import ServerStrategy
 from .trainer_api import TrainerAPI, train_metrics
 
