@@ -225,6 +225,8 @@ def partition_main(argv: Sequence[str]) -> int:
                                      description="Split a dataset into clients; print the summary, draw the heatmap.")
     parser.add_argument("--dataset", default="digits", help=f"Registered dataset ({', '.join(list_datasets())}).")
     parser.add_argument("--dataset_path", default=None, help="Hub name or local folder, for datasets that read one.")
+    parser.add_argument("--data_dir", default=None, help="Local copy of a dataset in its own format (LEAF folders, ...).")
+    parser.add_argument("--image_size", type=int, default=None, help="As train's --image_size (synthetic: 1).")
     parser.add_argument("--num_clients", type=int, default=20)
     parser.add_argument("--partition_scheme", default="dirichlet", choices=SCHEMES)
     parser.add_argument("--dirichlet_alpha", type=float, default=0.3)
@@ -234,13 +236,19 @@ def partition_main(argv: Sequence[str]) -> int:
     parser.add_argument("--plot", default=None, help="Write the client x class heatmap to this PNG.")
     parser.add_argument("--json", default=None, help="Write the partition (indices and label counts) to this JSON.")
     options = parser.parse_args(list(argv))
-    data = load_data(DataArguments(dataset_name=options.dataset, dataset_path=options.dataset_path), ModelArguments(),
-                     options.seed)
-    partition = partition_dataset(
-        data.train, options.num_clients, options.partition_scheme, label_column=data.label_column,
-        alpha=options.dirichlet_alpha, classes_per_client=options.classes_per_client,
-        min_partition_size=options.min_partition_size, seed=options.seed,
-    )
+    model_args = ModelArguments() if options.image_size is None else ModelArguments(image_size=options.image_size)
+    data = load_data(DataArguments(dataset_name=options.dataset, dataset_path=options.dataset_path,
+                                   data_dir=options.data_dir), model_args, options.seed)
+    partition = data.partition  # a natural one (FEMNIST's writers, Shakespeare's roles, ...): what a run uses
+    if partition is None:
+        partition = partition_dataset(
+            data.train, options.num_clients, options.partition_scheme, label_column=data.label_column,
+            alpha=options.dirichlet_alpha, classes_per_client=options.classes_per_client,
+            min_partition_size=options.min_partition_size, seed=options.seed,
+        )
+    else:
+        print(f"{options.dataset} comes with its own partition ({partition.num_clients} clients); the partition "
+              "flags do not apply.")
     print(partition.summary())
     if options.plot:
         print(f"Heatmap: {plot_partition_heatmap(partition, options.plot)}")

@@ -139,3 +139,17 @@ def test_run_summary_of_a_language_model_shows_perplexity_lowest_best(tmp_path):
     assert (summary["metric"], summary["final"], summary["best"], summary["best_round"]) == ("eval_perplexity", 9.0, 7.4, 2)
     assert summary["seconds_per_round"] == 2.0
     assert summarize_run(tmp_path, "eval_loss")["best"] == 2.0
+
+
+def test_partition_shows_a_datasets_own_partition(tmp_path, capsys):
+    """A dataset with a natural partition (here LEAF Synthetic's users) is summarized as a run would use it."""
+    from hf_fedflat.data.arguments import DataArguments as Data
+
+    assert main(["partition", "--dataset", "synthetic", "--image_size", "1", "--num_clients", "7",
+                 "--json", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    expected = load_data(Data(dataset_name="synthetic"), ModelArguments(image_size=1), seed=42).partition
+    assert f"synthetic comes with its own partition ({expected.num_clients} clients)" in out
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert len(saved["client_indices"]) == expected.num_clients != 7
+    assert saved["client_indices"] == [list(map(int, c)) for c in expected.client_indices]
