@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_SUFFIXES", "ConfigError", "build_parser", "explicit_fields", "parse_arguments", "parse_train_arguments",
-           "read_config_file", "split_config", "train_argument_types", "wants_smoke"]
+__all__ = ["CONFIG_SUFFIXES", "ConfigError", "build_parser", "explicit_fields", "parse_arguments",
+           "parse_train_arguments", "read_config_file", "split_config", "train_argument_types", "wants_smoke"]
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 

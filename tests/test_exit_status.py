@@ -77,5 +77,6 @@ def test_recipe_bad_flag_exits_2_with_one_line(tmp_path):
                            str(tmp_path / "run"), "--seed", "-1"], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == EXIT_BAD_INPUT, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == "quickstart.py: error: seed: must be an integer in 0..4294967295, got -1."
+    last_line = done.stderr.strip().splitlines()[-1]
+    assert last_line == "quickstart.py: error: seed: must be an integer in 0..4294967295, got -1."
     assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
