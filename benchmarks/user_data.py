@@ -44,19 +44,18 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402  (lock-step helpers: LockStep, RunTiming, RoundClock, ratio_record, ...)
-from run import BeforeRound, RoundClock, RoundGate, RunTiming, load_average, load_flat, log, no_gate  # noqa: E402
+from run import BeforeRound, RoundClock, RoundGate, RunTiming, load_average, log, no_gate  # noqa: E402
+from workloads import Job, Workload  # noqa: E402
+from workloads import run_plain as run_plain_loop  # noqa: E402
 
 import datasets  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
-from torch.nn.utils import parameters_to_vector  # noqa: E402
-from torch.utils.data import RandomSampler  # noqa: E402
 from transformers import set_seed  # noqa: E402
 
 from hf_fedflat import FederatedTrainer  # noqa: E402
 from hf_fedflat.data import partition_dataset  # noqa: E402
 from hf_fedflat.models import create_model  # noqa: E402
 from hf_fedflat.runtime import fast_path  # noqa: E402
-from hf_fedflat.sampling import derive_seed, sample_clients  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,42 +105,15 @@ def fresh_model(setting: Setting) -> torch.nn.Module:
 
 
 def run_plain(setting: Setting, data: Data, before_round: RoundGate = no_gate) -> RunTiming:
-    """FedAvg as a plain loop over two tensors (the same steps as ``FederatedTrainer``)."""
-    model = fresh_model(setting)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    global_params = parameters_to_vector(params).detach().clone()
-    sizes = torch.tensor([int(n) for n in data.partition.num_samples], dtype=torch.float64)
-    indices = [torch.as_tensor(ix, dtype=torch.int64) for ix in data.partition.client_indices]
-    timing = RunTiming("plain_loop")
-    for round_index in range(setting.num_rounds):
-        before_round(round_index)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        clients = sample_clients(setting.num_clients, setting.clients_per_round, setting.seed, round_index)
-        weights = (sizes[clients] / sizes[clients].sum()).tolist()
-        total = torch.zeros_like(global_params)
-        steps = 0
-        for client_id, weight in zip(clients, weights):
-            load_flat(params, global_params)
-            optimizer = torch.optim.SGD(params, lr=setting.learning_rate)
-            rows = indices[client_id]
-            order = torch.tensor(list(RandomSampler(range(len(rows)), generator=torch.Generator().manual_seed(
-                derive_seed(setting.seed, round_index, client_id)))), dtype=torch.int64)
-            for batch in order.split(setting.batch_size):
-                picked = rows[batch]
-                loss = model(pixel_values=data.x[picked], labels=data.y[picked]).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, setting.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                steps += 1
-            total.add_(parameters_to_vector(params).detach() - global_params, alpha=weight)
-        global_params = global_params + total
-        timing.round_seconds.append(time.perf_counter() - start)
-        timing.round_cpu_seconds.append(time.process_time() - cpu_start)
-        timing.round_steps.append(steps)
-    timing.final_params = global_params
-    return timing
+    """FedAvg as a plain loop over two tensors (the same steps as ``FederatedTrainer``): ``workloads.run_plain``,
+    one local epoch per client, batches indexed straight from ``data.x`` / ``data.y``."""
+    job = Job(num_rounds=setting.num_rounds, num_clients=setting.num_clients,
+              clients_per_round=setting.clients_per_round, batch_size=setting.batch_size,
+              learning_rate=setting.learning_rate, local_steps=None, max_grad_norm=setting.max_grad_norm,
+              seed=setting.seed)
+    workload = Workload("user_data", job, lambda: fresh_model(setting), None, data.partition,
+                        fetch=lambda rows: {"pixel_values": data.x[rows], "labels": data.y[rows]})
+    return run_plain_loop(workload, before_round)
 
 
 def run_trainer(setting: Setting, data: Data, fmt: str, materialize: bool, before_round: RoundGate = no_gate,

@@ -78,7 +78,7 @@ class Job:
     clients_per_round: int
     batch_size: int
     learning_rate: float
-    local_steps: int
+    local_steps: int | None  # None: one local epoch per client (the library's local_epochs=1)
     max_grad_norm: float = 10.0
     seed: int = 42
 
@@ -102,13 +102,13 @@ def client_order(job: Job, round_index: int, client_id: int, size: int) -> torch
     ``e`` shuffled by accelerate's seedable sampler (seed ``derive_seed(seed, round, client) + e``)."""
     seed = derive_seed(job.seed, round_index, client_id)
     batches_per_epoch = -(-size // job.batch_size)
-    epochs = -(-job.local_steps // batches_per_epoch)
+    steps = batches_per_epoch if job.local_steps is None else job.local_steps
     batches = []
-    for epoch in range(epochs):
+    for epoch in range(-(-steps // batches_per_epoch)):
         order = torch.tensor(list(RandomSampler(range(size), generator=torch.Generator().manual_seed(seed + epoch))),
                              dtype=torch.int64)
         batches.extend(order.split(job.batch_size))
-    return batches[:job.local_steps]
+    return batches[:steps]
 
 
 def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
