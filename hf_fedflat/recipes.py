@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from .federation.comm import init_federated_process_group
 
-__all__ = ["recipe_argv", "run_recipe"]
+__all__ = ["recipe_argv", "run_recipe", "smoke_asset_flags"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,22 @@ def recipe_argv(argv: Sequence[str], defaults: Sequence[str], smoke: Sequence[st
 
     argv = list(argv)
     return [*defaults, *(smoke if wants_smoke(argv) else ()), *argv]
+
+
+def smoke_asset_flags(argv: Sequence[str], smoke: Sequence[str], default_output_dir: str,
+                      paths: dict[str, str]) -> tuple[list[str], str]:
+    """A recipe's ``--smoke`` flags whose ``paths`` (flag -> path inside the assets folder) point into
+    ``<output_dir>/smoke_assets``, the ``--output_dir`` given or else ``default_output_dir``; and that folder (where the
+    recipe writes its tiny offline model and data)."""
+    argv = list(argv)
+    output_dir = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output_dir"), None)
+    output_dir = output_dir or next((a.split("=", 1)[1] for a in argv if a.startswith("--output_dir=")),
+                                    default_output_dir)
+    assets = os.path.join(output_dir, "smoke_assets")
+    flags = list(smoke)
+    for flag, path in paths.items():
+        flags[flags.index(flag) + 1] = os.path.join(assets, path)
+    return flags, assets
 
 
 def run_recipe(argv: Sequence[str] | None, defaults: Sequence[str], smoke: Sequence[str] = (), *,

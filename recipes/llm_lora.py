@@ -33,7 +33,7 @@ import os
 import sys
 
 from hf_fedflat.parsing import wants_smoke
-from hf_fedflat.recipes import run_recipe
+from hf_fedflat.recipes import run_recipe, smoke_asset_flags
 
 DEFAULTS = [
     "--model_name_or_path", "HuggingFaceTB/SmolLM2-135M", "--task", "causal-lm", "--dataset_name", "yahma/alpaca-cleaned",
@@ -62,22 +62,10 @@ def write_smoke_assets(root: str) -> None:
     write_instruction_data(os.path.join(root, "data"), rows=160)
 
 
-def smoke_flags(argv) -> tuple[list[str], str]:
-    """The ``--smoke`` flags with the tiny model and data in ``<output_dir>/smoke_assets`` (the output_dir given, else
-    the smoke one), and that folder."""
-    output_dir = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output_dir"), None)
-    output_dir = output_dir or next((a.split("=", 1)[1] for a in argv if a.startswith("--output_dir=")),
-                                    "outputs/smoke/llm_lora")
-    assets = os.path.join(output_dir, "smoke_assets")
-    flags = list(SMOKE)
-    flags[flags.index("--model_name_or_path") + 1] = os.path.join(assets, "model")
-    flags[flags.index("--dataset_name") + 1] = os.path.join(assets, "data", "alpaca_data.json")
-    return flags, assets
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    smoke, assets = smoke_flags(argv)
+    smoke, assets = smoke_asset_flags(argv, SMOKE, "outputs/smoke/llm_lora", {
+        "--model_name_or_path": "model", "--dataset_name": os.path.join("data", "alpaca_data.json")})
     if wants_smoke(argv) and not {"-h", "--help"} & set(argv):
         write_smoke_assets(assets)
     experiment, output = run_recipe(argv, DEFAULTS, smoke)
