@@ -32,6 +32,7 @@ MECHANISMS: tuple[str, ...] = (
     "seed_shortcut",     # CPU generators seeded directly instead of transformers.set_seed
     "select_rows",       # client datasets selected without hashing the transform (datasets.select_rows)
     "materialize",       # fixed-shape numeric client data read once into tensors, batches by one index (materialize)
+    "client_loop",       # the Trainer's loop without what the federated loop turned off (client_loop)
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from .. import runtime
 from ..algorithms.base import LossContext, LossTerm
 from ..algorithms.composed import FederatedAlgorithm
+from ..runtime import client_loop
 from ..runtime import trainer as fast
 from ..runtime.memory import HeapTrimmer
 from . import step
@@ -55,6 +57,10 @@ class ClientTrainer(Trainer):
         self._scratch_vectors: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         #: per-parameter views of the client's workspace vectors, made on first use (see :meth:`_workspace_views`)
         self._views_of_workspace: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        #: clients trained by the lean client loop (``runtime.client_loop``) instead of the Trainer's loop
+        self.lean_loop_clients = 0
+        #: the micro-batch's forward and backward pass when not ``Trainer.training_step`` (the lean client loop's)
+        self.forward_backward = None
         #: returns the heap memory of finished clients to the OS (call :meth:`release_memory` between clients)
         self.heap = HeapTrimmer()
 
@@ -105,6 +111,16 @@ class ClientTrainer(Trainer):
             self._uniform_lr = {g["lr"] for g in getattr(optimizer, "param_groups", [])} == {self.args.learning_rate}
         return optimizer
 
+    def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None,
+                             ignore_keys_for_eval=None):
+        args = args if args is not None else self.args
+        if self.fast_path("client_loop") and client_loop.applies(self, args, resume_from_checkpoint, trial):
+            self.lean_loop_clients += 1
+            return client_loop.run(self, args)
+        return super()._inner_training_loop(batch_size=batch_size, args=args,
+                                            resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                            ignore_keys_for_eval=ignore_keys_for_eval)
+
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
         prepared = None
         if self.fast_path("optimizer_reuse"):
@@ -138,9 +154,10 @@ class ClientTrainer(Trainer):
         if self.algorithm is None:
             self.gradient_passes += 1
             return super().training_step(model, inputs, num_items_in_batch)
+        forward_backward = self.forward_backward or functools.partial(Trainer.training_step, self)
         result = step.training_step(
             self.space, self.algorithm, self.workspaces,
-            lambda: Trainer.training_step(self, model, inputs, num_items_in_batch),
+            lambda: forward_backward(model, inputs, num_items_in_batch),
             bias_scale=self._bias_scale, in_place=self.keeps_step_buffers, scratch=self._scratch,
             workspace_views=self._workspace_views, forward=lambda: self._forward_loss(model, inputs, num_items_in_batch),
         )

@@ -44,7 +44,7 @@ class ParameterSpace:
             raise ValueError("The model has no trainable parameters (requires_grad=True): nothing to federate.")
         self.names = [name for name, _ in named]
         self.params = [p for _, p in named]
-        self.shapes = [p.shape for p in self.params]
+        self.shapes = [tuple(p.shape) for p in self.params]  # (tuples: a view by tuple is ~2x faster than by Size)
         self.numels = [p.numel() for p in self.params]
         self.numel = sum(self.numels)
         self.device = self.params[0].device
@@ -52,7 +52,8 @@ class ParameterSpace:
 
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of ``flat`` shaped like the parameters (no copy)."""
-        return [chunk.view(shape) for chunk, shape in zip(flat.split(self.numels), self.shapes)]
+        # split_with_sizes: Tensor.split's Python wrapper costs as much again for a small model
+        return [chunk.view(shape) for chunk, shape in zip(flat.split_with_sizes(self.numels), self.shapes)]
 
     def flatten(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """A copy of the current weights as one flat vector (on the model's device).

@@ -1,0 +1,256 @@
+"""The lean client loop (mechanism ``client_loop``): ``Trainer._inner_training_loop`` without what the federated
+loop has turned off.
+
+A client of a small model trains for one or two optimizer steps of ~1 ms; around them the Trainer's loop runs
+callback events, logging and speed bookkeeping, a FLOP count per micro-batch (a walk over the model), a
+``model.train()`` per micro-batch, accelerate's clipping dispatch, and a checkpoint-folder scan with memory
+metrics at the end: ~3 ms per client (``benchmarks/user_data.py``, workload 6 of issue 20). This loop runs the
+same micro-batches (the Trainer's own dataloader, the same ``get_batch_samples`` grouping, loss normalisation,
+sync flags), the same clipping, optimizer and scheduler steps, and stops at ``max_steps``: bit-identical weights
+and losses (``tests/test_performance_paths.py``). It is used only where :func:`applies` says the Trainer's loop
+would do nothing more; everything else takes the Trainer's loop.
+
+Relies on private ``transformers`` / ``accelerate`` API (``set_initial_training_values``, ``get_batch_samples``,
+``gradient_state._set_sync_gradients``, ``_clip_grad_norm``): pyproject pins both to the tested minor series.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+from accelerate.utils import DistributedType
+from transformers import Trainer
+from transformers.trainer_callback import DefaultFlowCallback, TrainerState
+from transformers.trainer_utils import TrainOutput
+from transformers.utils import is_sagemaker_mp_enabled
+
+_TRAINER_GET_TRAIN_SAMPLER = Trainer._get_train_sampler
+_TRAINER_GET_TRAIN_DATALOADER = Trainer.get_train_dataloader
+_TRAINER_LOSS_CONTEXT = Trainer.compute_loss_context_manager
+
+
+def applies(trainer, args, resume_from_checkpoint=None, trial=None) -> bool:
+    """Whether :func:`run` does everything the Trainer's loop would for this configuration.
+
+    Needs: no resume or trial; only the Trainer's default flow callback (the federated loop removes the
+    printer and progress bars, ``report_to="none"``); no saving, evaluation, logging or NaN filtering; one
+    device, no DeepSpeed/FSDP/SageMaker/parallelism config; no NEFTune, LOMO, auto batch size, cache emptying
+    or token counting; the model unwrapped (what ``_wrap_model`` returns on one device).
+    """
+    return (
+        resume_from_checkpoint is None
+        and trial is None
+        and all(type(cb) is DefaultFlowCallback for cb in trainer.callback_handler.callbacks)
+        and args.save_strategy == "no" and args.eval_strategy == "no" and args.logging_strategy == "no"
+        and not (args.logging_nan_inf_filter or args.auto_find_batch_size or args.torch_empty_cache_steps)
+        and not (args.eval_on_start or args.logging_first_step)
+        and args.include_num_input_tokens_seen in (False, "no", None)
+        and args.n_gpu <= 1
+        and trainer.accelerator.distributed_type == DistributedType.NO  # (a federated process: see federation.comm)
+        and not (trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled or trainer.is_fsdp_xla_enabled)
+        and not trainer.is_distributed_loading_by_transformers
+        and getattr(trainer.accelerator, "parallelism_config", None) is None
+        and not is_sagemaker_mp_enabled()
+        and trainer.neftune_noise_alpha is None
+        and "lomo" not in str(args.optim)
+        and trainer.model_wrapped is trainer.model
+    )
+
+
+class TensorRowsLoader:
+    """The batches the Trainer's prepared training dataloader yields for materialised client rows
+    (:class:`~hf_fedflat.runtime.materialize.TensorRows`), without building one per client.
+
+    That dataloader (accelerate's ``DataLoaderShard`` over torch's ``DataLoader`` with accelerate's
+    ``SeedableRandomSampler``, one process: the federated processes hide the launcher from accelerate)
+    shuffles epoch ``e`` with ``torch.randperm(n)`` from a generator seeded ``initial_seed + e``, where
+    ``initial_seed`` is torch's seed when it was built; each new iterator draws one int64 from torch's global
+    generator (the ``DataLoader``'s base seed for workers); batches are consecutive slices of the order (the
+    last one partial unless ``drop_last``), collated by the materialised columns and moved to the device.
+    This does the same (the batches and the global generator's state after each epoch are tested equal to the
+    Trainer's dataloader, ``tests/test_performance_paths.py``).
+    """
+
+    def __init__(self, rows, batch_size: int, drop_last: bool, device: torch.device):
+        self.dataset, self.batch_size, self.drop_last, self.device = rows, batch_size, drop_last, device
+        self.initial_seed = torch.random.initial_seed()
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        torch.empty((), dtype=torch.int64).random_()  # the DataLoader iterator's base seed, drawn as it draws it
+        generator = torch.Generator()
+        generator.manual_seed(self.initial_seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=generator)
+        rows, materialized, device = self.dataset.indices, self.dataset.materialized, self.device
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            batch = materialized.collate(rows[order[start:start + self.batch_size]])
+            yield batch if device.type == "cpu" else {k: v.to(device) for k, v in batch.items()}
+
+
+def tensor_rows_loader(trainer, args) -> TensorRowsLoader | None:
+    """A :class:`TensorRowsLoader` for the client's dataset, or None where the Trainer's dataloader would do
+    anything else (another dataset or collator, a sampler other than random, workers, one process only)."""
+    from .materialize import PreCollated, TensorRows, _is_default_collator
+
+    dataset = trainer.train_dataset
+    if not (
+        type(dataset) is TensorRows and len(dataset) > 0
+        and isinstance(trainer.data_collator, PreCollated) and _is_default_collator(trainer.data_collator)
+        and trainer.accelerator.num_processes == 1
+        and args.train_sampling_strategy == "random" and args.dataloader_num_workers == 0
+        and type(trainer)._get_train_sampler is _TRAINER_GET_TRAIN_SAMPLER
+        and type(trainer).get_train_dataloader is _TRAINER_GET_TRAIN_DATALOADER
+        and args.data_seed is None and not args.accelerator_config.split_batches
+        and not args.accelerator_config.dispatch_batches
+    ):
+        return None
+    return TensorRowsLoader(dataset, trainer._train_batch_size, args.dataloader_drop_last, args.device)
+
+
+def direct_clipping(trainer, parameters: list[torch.Tensor]):
+    """``trainer._clip_grad_norm`` as torch's ``clip_grad_norm_`` on the model's parameter list, where accelerate's
+    clipping reduces to exactly that (one process, no fp16 scaler, no FSDP, DeepSpeed, XLA or sharded gradients);
+    else the Trainer's own method."""
+    accelerator = trainer.accelerator
+    if not (
+        accelerator.distributed_type == DistributedType.NO
+        and getattr(accelerator, "scaler", None) is None
+        and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true"
+    ):
+        return trainer._clip_grad_norm
+    max_norm = trainer.args.max_grad_norm
+    if any(type(p) is not torch.nn.Parameter and not type(p) is torch.Tensor for p in parameters):
+        return trainer._clip_grad_norm  # e.g. DTensor parameters (sharded): accelerate groups them by mesh
+
+    def clip(model):
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    return clip
+
+
+def lean_pass(trainer, args):
+    """``Trainer.training_step`` without its per-micro-batch checks that cannot change within a client's loop (for a
+    configuration :func:`applies` accepted), or None where they matter (a schedule-free optimizer's mode switch).
+
+    The same forward (the Trainer's ``_prepare_inputs``, autocast context and ``compute_loss``), the same loss
+    normalisation and ``accelerator.backward``; ``model.train()``, which walks every module, is called once per
+    client by :func:`run` and again only when the model is not in training mode."""
+    inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    if callable(getattr(inner, "train", None)):  # schedule-free optimizers: the Trainer switches them every step
+        return None
+    accelerator = trainer.accelerator
+    # accelerate divides the loss by its own accumulation steps; a division by 1 (and its backward) changes no bit
+    accelerate_divides = accelerator.gradient_accumulation_steps != 1 or getattr(accelerator, "scaler", None) is not None
+    loss_scaled_for_ga = trainer.loss_is_scaled_for_ga
+    # The Trainer's loss context is an empty ExitStack unless its autocast context is a real one
+    context = (contextlib.nullcontext() if type(trainer).compute_loss_context_manager is
+               _TRAINER_LOSS_CONTEXT and isinstance(trainer.autocast_smart_context_manager(), contextlib.nullcontext)
+               else None)
+
+    def forward_backward(model, inputs, num_items_in_batch=None):
+        if not model.training:
+            model.train()
+        inputs = trainer._prepare_inputs(inputs)
+        with context if context is not None else trainer.compute_loss_context_manager():
+            loss = trainer.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        del inputs
+        scaled = loss_scaled_for_ga if loss_scaled_for_ga is not None else (
+            (trainer.model_accepts_loss_kwargs and num_items_in_batch is not None)
+            or trainer.compute_loss_func is not None)
+        if not scaled and trainer.current_gradient_accumulation_steps != 1:
+            loss = loss / trainer.current_gradient_accumulation_steps
+        if accelerate_divides:
+            accelerator.backward(loss)
+        else:
+            loss.backward()
+        return loss.detach()
+
+    return forward_backward
+
+
+def _set_grads_to_none(parameters) -> None:
+    """``Module.zero_grad()`` (``set_to_none=True``) on a parameter list made once, without the module walk."""
+    for p in parameters:
+        if p.grad is not None:
+            p.grad = None
+
+
+def run(trainer, args) -> TrainOutput:
+    """One client's local training, as ``Trainer._inner_training_loop`` with logging, saving, evaluation and
+    callbacks off (see the module docstring). Returns ``TrainOutput(global_step, training_loss, metrics)``."""
+    trainer.accelerator.free_memory()
+    train_dataloader = tensor_rows_loader(trainer, args) or trainer.get_train_dataloader()
+    num_train_epochs, num_update_steps_per_epoch, _, _, _, steps_in_epoch, max_steps = (
+        trainer.set_initial_training_values(args, train_dataloader)
+    )
+    trainer.state = state = TrainerState()
+    state.train_batch_size = trainer._train_batch_size
+    state.compute_steps(args, max_steps)
+    model, train_dataloader = trainer._prepare_for_training(max_steps, train_dataloader, None)
+    trainer.model_wrapped = model
+    accelerator, optimizer, scheduler = trainer.accelerator, trainer.optimizer, trainer.lr_scheduler
+    accumulation, device = args.gradient_accumulation_steps, args.device
+    parameters = list(model.parameters())
+    clip = direct_clipping(trainer, parameters) if args.max_grad_norm is not None and args.max_grad_norm > 0 else None
+    total_loss = torch.zeros((), device=device)
+    zero_grad = functools.partial(_set_grads_to_none, parameters) if type(model).zero_grad is torch.nn.Module.zero_grad \
+        else model.zero_grad
+    zero_grad()
+    model.train()  # (the Trainer's step calls it every micro-batch; the lean pass when the mode changed)
+    trainer.forward_backward = lean_pass(trainer, args)
+    stop = False
+    for epoch in range(num_train_epochs):
+        if hasattr(train_dataloader, "set_epoch"):
+            train_dataloader.set_epoch(epoch)
+        inner_sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "batch_sampler", None)
+        if hasattr(inner_sampler, "set_epoch"):
+            inner_sampler.set_epoch(epoch)
+        epoch_iterator = iter(train_dataloader)
+        remainder = steps_in_epoch % accumulation or accumulation
+        step = -1
+        for update_step in range(num_update_steps_per_epoch):
+            num_batches = accumulation if update_step != num_update_steps_per_epoch - 1 else remainder
+            batch_samples, num_items_in_batch = trainer.get_batch_samples(epoch_iterator, num_batches, device)
+            trainer.current_gradient_accumulation_steps = len(batch_samples)
+            for index, inputs in enumerate(batch_samples):
+                step += 1
+                sync = (step + 1) % accumulation == 0 or step + 1 == steps_in_epoch
+                accelerator.gradient_state._set_sync_gradients(sync)
+                if index == len(batch_samples) - 1:
+                    total_loss += trainer.training_step(model, inputs, num_items_in_batch)
+                else:
+                    with accelerator.no_sync(model=model):
+                        total_loss += trainer.training_step(model, inputs, num_items_in_batch)
+                if sync:
+                    if clip is not None:
+                        clip(model)
+                    optimizer.step()
+                    if not accelerator.optimizer_step_was_skipped and not isinstance(
+                            scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                        scheduler.step()
+                    zero_grad()
+                    state.global_step += 1
+                    state.epoch = epoch + (step + 1) / steps_in_epoch
+                    if state.global_step >= max_steps:
+                        stop = True
+                        break
+            if stop:
+                break
+        if stop or step < 0:  # (step < 0: an empty epoch; the Trainer stops there too)
+            break
+    trainer.forward_backward = None
+    trainer.is_in_train = False
+    train_loss = total_loss.item() / max(state.global_step, 0.001)
+    metrics = {"train_loss": train_loss}
+    trainer._memory_tracker.stop_and_update_metrics(metrics)  # (started by Trainer.train(); a no-op by default)
+    return TrainOutput(state.global_step, train_loss, metrics)

@@ -1,0 +1,139 @@
+"""The lean client loop (``hf_fedflat.runtime.client_loop``, mechanism ``client_loop``) gives the Trainer's loop's
+numbers: the same batches and random draws, the same weights and losses, bit for bit; it steps aside where the
+Trainer's loop would do more."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from hf_fedflat import FederatedTrainer, FedTrainingArguments, create_trainer, runtime
+from hf_fedflat.runtime import client_loop
+from hf_fedflat.runtime.materialize import TensorRows
+
+from test_concurrent_clients import DropoutClassifier, noisy_train_data
+from test_federated_run import TEST, TRAIN
+
+
+def settings(tmp, **overrides) -> dict:
+    values = dict(output_dir=tmp, use_cpu=True, num_clients=6, clients_per_round=3, num_rounds=4,
+                  per_device_train_batch_size=4, partition_scheme="iid", learning_rate=0.1, seed=7,
+                  remove_unused_columns=False)
+    values.update(overrides)
+    return values
+
+
+def client_trainer_for(tmp, train=TRAIN, **overrides):
+    trainer = FederatedTrainer(DropoutClassifier(), FedTrainingArguments(**settings(tmp, **overrides)), train, TEST,
+                               label_column="labels")
+    return trainer.local_training, trainer.client_trainer
+
+
+@pytest.mark.parametrize("batch_size, drop_last", [(4, False), (5, False), (5, True), (32, False)])
+def test_tensor_rows_loader_gives_the_trainers_batches_and_random_draws(batch_size, drop_last):
+    with tempfile.TemporaryDirectory() as tmp:
+        local, trainer = client_trainer_for(tmp, per_device_train_batch_size=batch_size,
+                                            dataloader_drop_last=drop_last)
+        rows = local.client_dataset(2)
+        assert type(rows) is TensorRows  # the torch-format data were materialised
+        trainer.train_dataset = rows
+        epochs = []
+        for lean, build in enumerate((trainer.get_train_dataloader,
+                                      lambda: client_loop.tensor_rows_loader(trainer, trainer.args))):
+            torch.manual_seed(1234)
+            loader = build()
+            assert isinstance(loader, client_loop.TensorRowsLoader) == bool(lean)
+            seen = []
+            for epoch in range(3):
+                loader.set_epoch(epoch)
+                batches = [{k: v.clone() for k, v in batch.items()} for batch in loader]
+                seen.append((len(loader), batches, torch.get_rng_state().clone()))  # the generator after the epoch
+            epochs.append(seen)
+        for (n_real, real, state_real), (n_lean, lean, state_lean) in zip(*epochs):
+            assert n_real == n_lean == len(real) == len(lean) and len(real) >= 1
+            for a, b in zip(real, lean):
+                assert list(a) == list(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+            assert torch.equal(state_real, state_lean)
+        # the epochs differ (reshuffled), so equal orders are not an accident of one order
+        assert any(not torch.equal(a["labels"], b["labels"]) for a, b in zip(epochs[0][0][1], epochs[0][1][1]))
+
+
+def run(tmp, train, **overrides):
+    torch.manual_seed(0)
+    trainer = create_trainer(DropoutClassifier(), FedTrainingArguments(**settings(tmp, **overrides)), train, TEST,
+                             label_column="labels")
+    output = trainer.train()
+    return output, trainer.client_trainer.lean_loop_clients
+
+
+@pytest.mark.parametrize("algorithm, overrides", [
+    # dropout draws after the loader's draw, a fractional epoch count, accumulation with a short last step
+    ("fedavg", dict(local_epochs=1.5, gradient_accumulation_steps=3, max_grad_norm=0.5)),
+    # max_steps past one epoch, drop_last, AdamW with a linear schedule, no clipping
+    ("fedavg", dict(local_steps=7, dataloader_drop_last=True, optim="adamw_torch", lr_scheduler_type="linear",
+                    max_grad_norm=0.0)),
+    # two passes per step with accumulation; a correction added to p.grad in place
+    ("fedsam", dict(local_steps=3, gradient_accumulation_steps=2, rho=0.1, max_grad_norm=0.05)),
+    ("scaffold", dict(local_steps=4)),
+    ("fedlesam", dict(local_steps=3, rho=0.2)),
+])
+@pytest.mark.parametrize("data", ["materialised", "transform"])
+def test_lean_loop_gives_the_trainer_loops_weights_and_losses(algorithm, overrides, data):
+    make_train = (lambda: TRAIN) if data == "materialised" else noisy_train_data  # a random transform: datasets' path
+    with tempfile.TemporaryDirectory() as tmp:
+        with runtime.fast_path(True):
+            lean, lean_clients = run(tmp + "/lean", make_train(), fed_algorithm=algorithm, **overrides)
+        with runtime.fast_path(True, without=["client_loop"]):
+            loop, loop_clients = run(tmp + "/loop", make_train(), fed_algorithm=algorithm,
+                                     **overrides)
+        assert lean_clients == 12 and loop_clients == 0  # 4 rounds x 3 clients, each through its loop
+        assert torch.equal(lean.params, loop.params)
+        assert [r["train_loss"] for r in lean.history] == [r["train_loss"] for r in loop.history]
+        assert [r["local_steps"] for r in lean.history] == [r["local_steps"] for r in loop.history]
+        other, _ = run(tmp + "/other", make_train(), fed_algorithm=algorithm, seed=8, **overrides)
+        assert not torch.equal(lean.params, other.params)  # the comparison has teeth
+
+
+class Recorder(TrainerCallback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+
+def test_lean_loop_steps_aside_where_the_trainer_loop_would_do_more():
+    with tempfile.TemporaryDirectory() as tmp:
+        _, trainer = client_trainer_for(tmp)
+        assert client_loop.applies(trainer, trainer.args)
+        assert not client_loop.applies(trainer, trainer.args, resume_from_checkpoint="somewhere")
+        recorder = Recorder()
+        trainer.add_callback(recorder)  # a callback on the local Trainer: its events must fire
+        assert not client_loop.applies(trainer, trainer.args)
+        trainer.remove_callback(recorder)
+        trainer.args.logging_strategy = "steps"
+        assert not client_loop.applies(trainer, trainer.args)
+        trainer.args.logging_strategy = "no"
+        assert client_loop.applies(trainer, trainer.args)
+    # a dataset that is not materialised rows keeps the Trainer's dataloader (the lean loop still runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        local, trainer = client_trainer_for(tmp, train=noisy_train_data())
+        trainer.train_dataset = local.client_dataset(0)
+        assert client_loop.tensor_rows_loader(trainer, trainer.args) is None
+    with tempfile.TemporaryDirectory() as tmp:
+        local, trainer = client_trainer_for(tmp, train_sampling_strategy="sequential")
+        trainer.train_dataset = local.client_dataset(0)
+        assert client_loop.tensor_rows_loader(trainer, trainer.args) is None
+
+
+def test_a_callback_on_the_local_trainer_still_sees_every_step():
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = create_trainer(DropoutClassifier(), FedTrainingArguments(**settings(tmp, local_steps=2)), TRAIN,
+                                 TEST, label_column="labels")
+        recorder = Recorder()
+        trainer.client_trainer.add_callback(recorder)
+        trainer.train()
+        assert recorder.steps == 4 * 3 * 2 and trainer.client_trainer.lean_loop_clients == 0
