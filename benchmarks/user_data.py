@@ -17,7 +17,9 @@ second or two; each round keeps its fastest time over the repeats):
 * ``fedavg_<format>``: ``FederatedTrainer`` on the ``Dataset`` (fast path on: the client data are
   materialised once as tensors, ``hf_fedflat.runtime.materialize``);
 * ``fedavg_<format>_unmaterialised``: the same with the ``materialize`` mechanism off (datasets formats
-  every row; what the issue measured at 3.3x).
+  every row; what the issue measured at 3.3x);
+* ``fedavg_<format>_without_<mechanism>`` (``--without``, default ``client_loop``): the first format with one more
+  fast-path mechanism off, what that mechanism saves on this workload.
 
 Ratios: seconds per timed round / the plain loop's (target <= 1.10 for the fast path). The final weights of
 every side are compared with the plain loop's (``max_abs_weight_diff``; identical computations give 0).
@@ -117,11 +119,11 @@ def run_plain(setting: Setting, data: Data, before_round: RoundGate = no_gate) -
 
 
 def run_trainer(setting: Setting, data: Data, fmt: str, materialize: bool, before_round: RoundGate = no_gate,
-                profile: bool = False) -> RunTiming:
-    label = f"fedavg_{fmt}" + ("" if materialize else "_unmaterialised")
+                profile: bool = False, without: tuple[str, ...] = ()) -> RunTiming:
+    label = f"fedavg_{fmt}" + ("" if materialize else "_unmaterialised") + "".join(f"_without_{m}" for m in without)
     timing = RunTiming(label)
     dataset = user_dataset(data, fmt)  # a fresh Dataset per run: nothing cached from an earlier run
-    with fast_path(True, without=() if materialize else ("materialize",)):
+    with fast_path(True, without=(() if materialize else ("materialize",)) + tuple(without)):
         with tempfile.TemporaryDirectory(prefix="hf_fedflat_bench_") as output_dir:
             args = bench.federated_arguments(
                 bench.Setting(num_rounds=setting.num_rounds), "fedavg", output_dir,
@@ -149,6 +151,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--formats", default="torch,numpy")
     parser.add_argument("--no-unmaterialised", action="store_true", help="Leave out the sides without materialising.")
+    parser.add_argument("--without", default="client_loop",
+                        help="Comma-separated fast-path mechanisms: a side per mechanism with it off (materialised, "
+                             "first format only; '' for none).")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--output", default=None)
@@ -173,6 +178,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runners[f"fedavg_{fmt}"] = lambda gate, fmt=fmt: run_trainer(setting, data, fmt, True, gate)
         if not args.no_unmaterialised:
             runners[f"fedavg_{fmt}_unmaterialised"] = lambda gate, fmt=fmt: run_trainer(setting, data, fmt, False, gate)
+    for mechanism in [m for m in args.without.split(",") if m]:
+        runners[f"fedavg_{formats[0]}_without_{mechanism}"] = lambda gate, m=mechanism: run_trainer(
+            setting, data, formats[0], True, gate, without=(m,))
     load_before = load_average()
     best = bench.lock_step_repeats(runners, args.repeats, "user data")
     runs = best.pop("_runs")
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for name, timing in best.items():
         if name == "plain_loop":
             continue
-        target = 1.10 if "unmaterialised" not in name else float("inf")
+        target = 1.10 if "unmaterialised" not in name and "_without_" not in name else float("inf")
         records.append(bench.ratio_record(f"user_data_{name}_vs_plain_loop", target, False, f"{name} / plain loop",
                                           timing, best["plain_loop"], runs, same_math=True, extra=env))
     for record in records:

@@ -3,15 +3,22 @@ loop has turned off.
 
 A client of a small model trains for one or two optimizer steps of ~1 ms; around them the Trainer's loop runs
 callback events, logging and speed bookkeeping, a FLOP count per micro-batch (a walk over the model), a
-``model.train()`` per micro-batch, accelerate's clipping dispatch, and a checkpoint-folder scan with memory
-metrics at the end: ~3 ms per client (``benchmarks/user_data.py``, workload 6 of issue 20). This loop runs the
-same micro-batches (the Trainer's own dataloader, the same ``get_batch_samples`` grouping, loss normalisation,
-sync flags), the same clipping, optimizer and scheduler steps, and stops at ``max_steps``: bit-identical weights
-and losses (``tests/test_performance_paths.py``). It is used only where :func:`applies` says the Trainer's loop
-would do nothing more; everything else takes the Trainer's loop.
+``model.train()`` per micro-batch, a prepared DataLoader per client, accelerate's clipping dispatch, and a
+checkpoint-folder scan at the end: workload 6 of issue 20 (``benchmarks/user_data.py``) ran at 1.9x a plain
+PyTorch loop. This loop runs the same micro-batches (the same ``get_batch_samples`` grouping, loss normalisation
+and sync flags), the same clipping, optimizer and scheduler steps, and stops at ``max_steps``; bit-identical
+weights and losses (``tests/test_client_loop.py``). Its parts, each measured on that workload (README):
+
+* :class:`TensorRowsLoader`: materialised client rows batched by one index, without a DataLoader per client
+  (the same batches and random draws as the Trainer's; else the Trainer's own dataloader);
+* :func:`direct_clipping`: torch's ``clip_grad_norm_`` where accelerate's reduces to it;
+* :func:`lean_pass`: ``Trainer.training_step`` without its per-micro-batch checks and divisions by 1.
+
+It is used only where :func:`applies` says the Trainer's loop would do nothing more; anything else (a callback
+on the local Trainer, logging, DeepSpeed, FSDP, a resume, ...) takes the Trainer's loop.
 
 Relies on private ``transformers`` / ``accelerate`` API (``set_initial_training_values``, ``get_batch_samples``,
-``gradient_state._set_sync_gradients``, ``_clip_grad_norm``): pyproject pins both to the tested minor series.
+``gradient_state._set_sync_gradients``, ``loss_is_scaled_for_ga``): pyproject pins both to the tested minor series.
 """
 
 from __future__ import annotations
@@ -150,7 +157,8 @@ def lean_pass(trainer, args):
         return None
     accelerator = trainer.accelerator
     # accelerate divides the loss by its own accumulation steps; a division by 1 (and its backward) changes no bit
-    accelerate_divides = accelerator.gradient_accumulation_steps != 1 or getattr(accelerator, "scaler", None) is not None
+    accelerate_divides = (accelerator.gradient_accumulation_steps != 1
+                          or getattr(accelerator, "scaler", None) is not None)
     loss_scaled_for_ga = trainer.loss_is_scaled_for_ga
     # The Trainer's loss context is an empty ExitStack unless its autocast context is a real one
     context = (contextlib.nullcontext() if type(trainer).compute_loss_context_manager is
@@ -203,8 +211,8 @@ def run(trainer, args) -> TrainOutput:
     parameters = list(model.parameters())
     clip = direct_clipping(trainer, parameters) if args.max_grad_norm is not None and args.max_grad_norm > 0 else None
     total_loss = torch.zeros((), device=device)
-    zero_grad = functools.partial(_set_grads_to_none, parameters) if type(model).zero_grad is torch.nn.Module.zero_grad \
-        else model.zero_grad
+    zero_grad = (functools.partial(_set_grads_to_none, parameters)
+                 if type(model).zero_grad is torch.nn.Module.zero_grad else model.zero_grad)
     zero_grad()
     model.train()  # (the Trainer's step calls it every micro-batch; the lean pass when the mode changed)
     trainer.forward_backward = lean_pass(trainer, args)

@@ -32,7 +32,8 @@ class ClientTrainer(Trainer):
     (``runtime.switch``, read once when the trainer is built: ``self.fast_path``) has the mechanism on,
     and to the Trainer's own code otherwise; both give bit-identical weights (tested). What is reused
     between clients on the fast path: the prepared optimizer (state cleared) and the step's scratch
-    vectors. The Trainer's own loop runs every client.
+    vectors. Each client runs the lean client loop (:mod:`hf_fedflat.runtime.client_loop`) where it does all the
+    Trainer's loop would, else the Trainer's own loop.
     """
 
     def __init__(self, *args, **kwargs):
