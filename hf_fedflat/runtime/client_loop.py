@@ -30,6 +30,7 @@ import os
 import torch
 from accelerate.utils import DistributedType
 from transformers import Trainer
+from transformers.optimization import GreedyLR
 from transformers.trainer_callback import DefaultFlowCallback, TrainerState
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import is_sagemaker_mp_enabled
@@ -78,7 +79,7 @@ class TensorRowsLoader:
     generator (the ``DataLoader``'s base seed for workers); batches are consecutive slices of the order (the
     last one partial unless ``drop_last``), collated by the materialised columns and moved to the device.
     This does the same (the batches and the global generator's state after each epoch are tested equal to the
-    Trainer's dataloader, ``tests/test_performance_paths.py``).
+    Trainer's dataloader, ``tests/test_client_loop.py``).
     """
 
     def __init__(self, rows, batch_size: int, drop_last: bool, device: torch.device):
@@ -150,8 +151,9 @@ def lean_pass(trainer, args):
     configuration :func:`applies` accepted), or None where they matter (a schedule-free optimizer's mode switch).
 
     The same forward (the Trainer's ``_prepare_inputs``, autocast context and ``compute_loss``), the same loss
-    normalisation and ``accelerator.backward``; ``model.train()``, which walks every module, is called once per
-    client by :func:`run` and again only when the model is not in training mode."""
+    normalisation and backward, without the divisions by 1 (one accumulation step: ``x / 1`` and its backward
+    change no bit); ``model.train()``, which walks every module, is called once per client by :func:`run` and
+    again only when the model is not in training mode."""
     inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     if callable(getattr(inner, "train", None)):  # schedule-free optimizers: the Trainer switches them every step
         return None
@@ -216,47 +218,49 @@ def run(trainer, args) -> TrainOutput:
     zero_grad()
     model.train()  # (the Trainer's step calls it every micro-batch; the lean pass when the mode changed)
     trainer.forward_backward = lean_pass(trainer, args)
-    stop = False
-    for epoch in range(num_train_epochs):
-        if hasattr(train_dataloader, "set_epoch"):
-            train_dataloader.set_epoch(epoch)
-        inner_sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "batch_sampler", None)
-        if hasattr(inner_sampler, "set_epoch"):
-            inner_sampler.set_epoch(epoch)
-        epoch_iterator = iter(train_dataloader)
-        remainder = steps_in_epoch % accumulation or accumulation
-        step = -1
-        for update_step in range(num_update_steps_per_epoch):
-            num_batches = accumulation if update_step != num_update_steps_per_epoch - 1 else remainder
-            batch_samples, num_items_in_batch = trainer.get_batch_samples(epoch_iterator, num_batches, device)
-            trainer.current_gradient_accumulation_steps = len(batch_samples)
-            for index, inputs in enumerate(batch_samples):
-                step += 1
-                sync = (step + 1) % accumulation == 0 or step + 1 == steps_in_epoch
-                accelerator.gradient_state._set_sync_gradients(sync)
-                if index == len(batch_samples) - 1:
-                    total_loss += trainer.training_step(model, inputs, num_items_in_batch)
-                else:
-                    with accelerator.no_sync(model=model):
+    try:
+        stop = False
+        for epoch in range(num_train_epochs):
+            if hasattr(train_dataloader, "set_epoch"):
+                train_dataloader.set_epoch(epoch)
+            inner_sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "batch_sampler", None)
+            if hasattr(inner_sampler, "set_epoch"):
+                inner_sampler.set_epoch(epoch)
+            epoch_iterator = iter(train_dataloader)
+            remainder = steps_in_epoch % accumulation or accumulation
+            step = -1
+            for update_step in range(num_update_steps_per_epoch):
+                num_batches = accumulation if update_step != num_update_steps_per_epoch - 1 else remainder
+                batch_samples, num_items_in_batch = trainer.get_batch_samples(epoch_iterator, num_batches, device)
+                trainer.current_gradient_accumulation_steps = len(batch_samples)
+                for index, inputs in enumerate(batch_samples):
+                    step += 1
+                    sync = (step + 1) % accumulation == 0 or step + 1 == steps_in_epoch
+                    accelerator.gradient_state._set_sync_gradients(sync)
+                    if index == len(batch_samples) - 1:
                         total_loss += trainer.training_step(model, inputs, num_items_in_batch)
-                if sync:
-                    if clip is not None:
-                        clip(model)
-                    optimizer.step()
-                    if not accelerator.optimizer_step_was_skipped and not isinstance(
-                            scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                        scheduler.step()
-                    zero_grad()
-                    state.global_step += 1
-                    state.epoch = epoch + (step + 1) / steps_in_epoch
-                    if state.global_step >= max_steps:
-                        stop = True
-                        break
-            if stop:
+                    else:
+                        with accelerator.no_sync(model=model):
+                            total_loss += trainer.training_step(model, inputs, num_items_in_batch)
+                    if sync:
+                        if clip is not None:
+                            clip(model)
+                        optimizer.step()
+                        if not accelerator.optimizer_step_was_skipped and not isinstance(
+                                scheduler, (torch.optim.lr_scheduler.ReduceLROnPlateau, GreedyLR)):
+                            scheduler.step()
+                        zero_grad()
+                        state.global_step += 1
+                        state.epoch = epoch + (step + 1) / steps_in_epoch
+                        if state.global_step >= max_steps:
+                            stop = True
+                            break
+                if stop:
+                    break
+            if stop or step < 0:  # (step < 0: an empty epoch; the Trainer stops there too)
                 break
-        if stop or step < 0:  # (step < 0: an empty epoch; the Trainer stops there too)
-            break
-    trainer.forward_backward = None
+    finally:
+        trainer.forward_backward = None  # (a client that raised must not leave it to the next, whichever loop)
     trainer.is_in_train = False
     train_loss = total_loss.item() / max(state.global_step, 0.001)
     metrics = {"train_loss": train_loss}
