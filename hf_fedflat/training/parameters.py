@@ -75,7 +75,8 @@ class ParameterSpace:
 
         One ``cat`` and one in-place subtraction: per-parameter subtractions straight from the parameters save
         a pass over the vector but cost two splits and a call per parameter, twice the time on a small model
-        (64 vs 33 us on workload 6's 4.9k-parameter CNN); the extra pass is ~1 ms per 100 MB.
+        (64 vs 26 us on workload 6's 4.9k-parameter CNN); the extra pass costs ~7 ms per 100 MB here, against
+        client steps of seconds for models of that size.
         """
         out = self.flatten(out=out)
         return out.sub_(reference)
