@@ -15,12 +15,13 @@ recorded with every section.
    train and a test part; 3.28 M train windows, per-role sizes log-normal). LEAF's char LSTM (``char_lstm``,
    819,920 parameters), 10 clients per round, LEAF's batch 10, SGD lr 0.8 (LEAF's), ``--shakespeare-steps``
    (default 4) local steps per client, 5 rounds (LEAF trains one epoch, ~180 steps of the median client: minutes
-   per round on this CPU, so the benchmark caps the steps; every side does the same). FedAvg vs the plain loop; FedUp,
-   FedLESAM, SCAFFOLD vs FedAvg. The data reach ``FederatedTrainer`` as the loader gives them (torch format,
+   per round on this CPU, so the benchmark caps the steps; every side does the same). FedAvg vs the plain loop; the
+   ``--algorithms`` (default FedUp, FedLESAM, FedProx, SCAFFOLD within 1.10x, FedSAM, FedGAM within 2.2x) vs
+   FedAvg. The data reach ``FederatedTrainer`` as the loader gives them (torch format,
    materialised once by ``hf_fedflat.runtime.materialize``); the plain loop indexes two tensors.
 2. ``vit_lora``: ``vit_small_patch16_224`` (timm, random init, 224 input) wrapped with LoRA r=8
    (``hf_fedflat.models.lora``): FedAvg vs the plain loop (peft model, the same trainable parameters),
-   FedLESAM and FedSAM vs FedAvg; bytes up/down per round from ``history.json`` against the full model.
+   the ``--algorithms`` vs FedAvg; bytes up/down per round from ``history.json`` against the full model.
    2 of 20 IID clients per round, batch 4, 2 local steps, 3 rounds (a ViT-S/16 step is seconds on this CPU).
    Images are generated per row from a seed by a ``with_transform`` (both sides call the same function).
 4. ``femnist_scale``: 3,400 writers vs 100 (FEMNIST's shapes: 28x28 grayscale, 62 classes; per-writer sizes
