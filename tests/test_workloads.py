@@ -122,3 +122,13 @@ def test_natural_id_partition_equals_flwrs_natural_id_partitioner():
     partition = natural_id_partition(numbers, "user", label_column="labels")  # int ids: sorted as strings
     names = sorted({str(v) for v in numbers["user"]})
     assert [sorted({str(numbers["user"][i]) for i in ix}) for ix in partition.client_indices] == [[n] for n in names]
+
+
+def test_algorithms_compared_on_workloads_1_and_2_default_to_the_issues_six_and_refuse_others(W):
+    import argparse
+
+    assert W.algorithm_targets(argparse.Namespace(algorithms=None)) == {
+        "fedup": 1.10, "fedlesam": 1.10, "fedprox": 1.10, "scaffold": 1.10, "fedsam": 2.2, "fedgam": 2.2}
+    assert W.algorithm_targets(argparse.Namespace(algorithms="fedsam,fedlesam")) == {"fedsam": 2.2, "fedlesam": 1.10}
+    with pytest.raises(SystemExit, match="fedavg"):
+        W.algorithm_targets(argparse.Namespace(algorithms="fedlesam,fedavg"))
