@@ -35,6 +35,8 @@ from transformers.trainer_callback import DefaultFlowCallback, TrainerState
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import is_sagemaker_mp_enabled
 
+from .materialize import PreCollated, TensorRows, is_default_collator
+
 _TRAINER_GET_TRAIN_SAMPLER = Trainer._get_train_sampler
 _TRAINER_GET_TRAIN_DATALOADER = Trainer.get_train_dataloader
 _TRAINER_LOSS_CONTEXT = Trainer.compute_loss_context_manager
@@ -108,12 +110,10 @@ class TensorRowsLoader:
 def tensor_rows_loader(trainer, args) -> TensorRowsLoader | None:
     """A :class:`TensorRowsLoader` for the client's dataset, or None where the Trainer's dataloader would do
     anything else (another dataset or collator, a sampler other than random, workers, one process only)."""
-    from .materialize import PreCollated, TensorRows, _is_default_collator
-
     dataset = trainer.train_dataset
     if not (
         type(dataset) is TensorRows and len(dataset) > 0
-        and isinstance(trainer.data_collator, PreCollated) and _is_default_collator(trainer.data_collator)
+        and isinstance(trainer.data_collator, PreCollated) and is_default_collator(trainer.data_collator)
         and trainer.accelerator.num_processes == 1
         and args.train_sampling_strategy == "random" and args.dataloader_num_workers == 0
         and type(trainer)._get_train_sampler is _TRAINER_GET_TRAIN_SAMPLER

@@ -147,7 +147,9 @@ class Materialized:
         return TensorRows(self, indices)
 
 
-def _is_default_collator(collator) -> bool:
+def is_default_collator(collator) -> bool:
+    """Whether ``collator`` (unwrapped from :class:`PreCollated`) is transformers' default collator, the one
+    :meth:`Materialized.collate` reproduces."""
     from transformers.data.data_collator import DefaultDataCollator, default_data_collator
 
     if isinstance(collator, PreCollated):
@@ -176,7 +178,7 @@ def materialize(trainer, dataset, budget: int | None = None) -> Materialized | N
     if budget <= 0 or not isinstance(dataset, datasets.Dataset) or len(dataset) == 0:
         return None
     fmt = _format_type(dataset)
-    if fmt not in ("torch", "numpy") or not _is_default_collator(trainer.data_collator):
+    if fmt not in ("torch", "numpy") or not is_default_collator(trainer.data_collator):
         return None
     try:
         pruned = trainer._remove_unused_columns(dataset, description="training")
