@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from .._lazy import attach, exported_names
 
 _EXPORTS = {
+    ".host_reads": ("HOST_READS", "HostReadCounter"),
     ".landscape": ("filter_normalized_direction", "global_sharpness", "loss_and_gradient", "loss_surface",
                    "plot_loss_surface"),
     ".run": ("RunDiagnostics", "tensor_bytes"),
@@ -15,6 +16,7 @@ __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
 __all__ = exported_names(_EXPORTS)
 
 if TYPE_CHECKING:
+    from .host_reads import HOST_READS, HostReadCounter
     from .landscape import (
         filter_normalized_direction,
         global_sharpness,

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset, global_norm
+from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset
+from ..algorithms.device_checks import checked_norm, select, usable_offset
 from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_perturbation
 
@@ -37,12 +38,12 @@ class FedSpeedSAMPerturbation(Perturbation, SharpnessAware):
 
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
         loss, g1 = grad_at(None)
-        norm = global_norm(g1)
-        if not torch.isfinite(norm):
+        norm, ok = checked_norm(g1)
+        if ok is False:
             return loss, g1
-        _, g2 = grad_at(g1 * (self.config.rho / (norm + EPS)))
+        _, g2 = grad_at(usable_offset(g1 * (self.config.rho / (norm + EPS)), ok))
         alpha = self.config.fedspeed_alpha
-        return loss, torch.add(torch.mul(g1, 1.0 - alpha), g2, alpha=alpha)
+        return loss, select(ok, torch.add(torch.mul(g1, 1.0 - alpha), g2, alpha=alpha), g1)
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)

@@ -11,17 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset, global_norm
+from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset
+from ..algorithms.device_checks import Flag, both, checked_norm, select, usable_offset
 from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_perturbation
 
 
-def _unit(vector: Tensor) -> Tensor | None:
-    """``v / ||v||``, or None when the norm is not finite (an fp16 overflow the scaler will skip)."""
-    norm = global_norm(vector)
-    if not torch.isfinite(norm):
-        return None
-    return vector / (norm + EPS)
+def _unit(vector: Tensor) -> tuple[Tensor | None, Flag]:
+    """``(v / ||v||, usable)``; ``(None, False)`` when the norm is not finite (an fp16 overflow the scaler will
+    skip), tested on the host on the CPU; elsewhere on the device (zeros and a tensor flag: ``device_checks``)."""
+    norm, ok = checked_norm(vector)
+    if ok is False:
+        return None, ok
+    return usable_offset(vector / (norm + EPS), ok), ok
 
 
 @dataclass
@@ -51,11 +53,13 @@ class GAMPerturbation(Perturbation, SharpnessAware):
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
         rho, alpha = self.config.rho, self.config.gam_alpha
         loss, grad = grad_at(None)
-        unit = _unit(grad)
+        unit, ok = _unit(grad)
         if unit is None:
             return loss, grad
         _, ascent_grad = grad_at(unit * rho)
-        return loss, grad.add_(ascent_grad, alpha=alpha * rho)
+        if ok is True:
+            return loss, grad.add_(ascent_grad, alpha=alpha * rho)
+        return loss, select(ok, torch.add(grad, ascent_grad, alpha=alpha * rho), grad)
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)
@@ -96,24 +100,28 @@ class OriginalGAMPerturbation(Perturbation, SharpnessAware):
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
         c = self.config
         loss, g0 = grad_at(None)
-        unit0 = _unit(g0)
+        unit0, ok0 = _unit(g0)
         if unit0 is None:
             return loss, g0
         _, g1 = grad_at(unit0 * c.gam_rho_prime)
-        unit_h0 = _unit(g1 - g0)
+        unit_h0, ok1 = _unit(g1 - g0)
         if unit_h0 is None:
             return loss, g0
         offset2 = unit_h0 * c.rho
         _, g2 = grad_at(offset2)
-        unit2 = _unit(g2)
+        unit2, ok2 = _unit(g2)
         if unit2 is None:
             return loss, g0
         _, g3 = grad_at(offset2 + unit2 * c.gam_rho_prime)
         h_plus = g1.mul(c.gam_grad_alpha).add_(g3, alpha=1 - c.gam_grad_alpha)
         h_minus = g0.mul(c.gam_grad_beta).add_(g2, alpha=1 - c.gam_grad_beta)
         along = torch.dot(h_minus, h_plus) / (torch.dot(h_plus, h_plus) + EPS)
-        orthogonal = h_minus.sub_(h_plus, alpha=float(along))
-        return loss, h_plus.sub_(orthogonal, alpha=c.gam_gamma)
+        ok = both(both(ok0, ok1), ok2)
+        if ok is True:  # (the CPU: reading the coefficient costs nothing, and sub_ with alpha fuses the product)
+            orthogonal = h_minus.sub_(h_plus, alpha=float(along))
+        else:  # on the device it stays there: within an ulp of the fused form
+            orthogonal = h_minus.sub_(h_plus * along)
+        return loss, select(ok, h_plus.sub_(orthogonal, alpha=c.gam_gamma), g0)
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)

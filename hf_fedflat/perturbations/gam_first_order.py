@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, Tensor, global_norm, hessian_vector_product
+from ..algorithms.device_checks import checked_norm, select, usable_offset
 from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, hyperparameter
 from ..algorithms.registry import register_perturbation
 
@@ -63,16 +64,16 @@ class FirstOrderGAMPerturbation(Perturbation):
             loss, grad, hg = hessian_vector_product(grad_at, None)
             return loss, grad, hg.div_(global_norm(grad) + EPS)
         loss, grad = grad_at(None)
-        norm = global_norm(grad)
-        if not torch.isfinite(norm) or norm == 0:
+        norm, ok = checked_norm(grad, nonzero=True)
+        if ok is False:
             return loss, grad, torch.zeros_like(grad)
-        _, shifted = grad_at(grad * (c.hvp_radius / (norm + EPS)))
-        return loss, grad, shifted.sub_(grad).div_(c.hvp_radius)
+        _, shifted = grad_at(usable_offset(grad * (c.hvp_radius / (norm + EPS)), ok))
+        return loss, grad, select(ok, shifted.sub_(grad).div_(c.hvp_radius), torch.zeros_like(grad))
 
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
         loss, grad, norm_gradient = self.gradient_norm_gradient(grad_at)
-        norm = global_norm(norm_gradient)
-        if not torch.isfinite(norm) or norm == 0:
+        norm, ok = checked_norm(norm_gradient, nonzero=True)
+        if ok is False:
             return loss, grad
-        _, perturbed = grad_at(norm_gradient.mul_(self.config.rho / (norm + EPS)))
-        return loss, perturbed
+        _, perturbed = grad_at(usable_offset(norm_gradient.mul_(self.config.rho / (norm + EPS)), ok))
+        return loss, select(ok, perturbed, grad)

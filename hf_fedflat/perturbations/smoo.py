@@ -14,6 +14,7 @@ from ..algorithms.base import (
     EPS, RHO_HELP, ClientContext, GradFn, LocalResult, Perturbation, RoundSummary, SharpnessAware, StateDict, Tensor,
     ascent_offset, global_norm,
 )
+from ..algorithms.device_checks import checked_norm, select, usable_offset
 from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
 from ..algorithms.registry import register_perturbation
 
@@ -49,13 +50,16 @@ class SMOOPerturbation(Perturbation, SharpnessAware):
         loss, grad = grad_at(None)
         s, mu = workspace["s"], workspace["mu"]
         corrected = grad - mu - s
-        norm = global_norm(corrected)
-        if not torch.isfinite(norm):
+        norm, ok = checked_norm(corrected)
+        if ok is False:
             return loss, grad
-        offset = corrected.mul_(self.config.rho / (norm + EPS))
-        mu.add_(offset).sub_(s)
+        offset = usable_offset(corrected.mul_(self.config.rho / (norm + EPS)), ok)
+        if ok is True:
+            mu.add_(offset).sub_(s)
+        else:  # (on the device: mu moves only on a usable step, as with the host test)
+            mu.copy_(torch.where(ok, mu + offset - s, mu))
         _, perturbed_grad = grad_at(offset)
-        return loss, perturbed_grad
+        return loss, select(ok, perturbed_grad, grad)
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)
