@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset
 from ..algorithms.device_checks import checked_norm, select, usable_offset
 from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
