@@ -41,8 +41,10 @@ def test_tensor_rows_loader_gives_the_trainers_batches_and_random_draws(batch_si
         assert type(rows) is TensorRows  # the torch-format data were materialised
         trainer.train_dataset = rows
         epochs = []
+        staged = lambda: client_loop.TensorRowsLoader(rows, batch_size, drop_last, trainer.args.device,  # noqa: E731
+                                                      stage_on_device=True)  # (a GPU's path, run on the CPU)
         for lean, build in enumerate((trainer.get_train_dataloader,
-                                      lambda: client_loop.tensor_rows_loader(trainer, trainer.args))):
+                                      lambda: client_loop.tensor_rows_loader(trainer, trainer.args), staged)):
             torch.manual_seed(1234)
             loader = build()
             assert isinstance(loader, client_loop.TensorRowsLoader) == bool(lean)
@@ -52,11 +54,12 @@ def test_tensor_rows_loader_gives_the_trainers_batches_and_random_draws(batch_si
                 batches = [{k: v.clone() for k, v in batch.items()} for batch in loader]
                 seen.append((len(loader), batches, torch.get_rng_state().clone()))  # the generator after the epoch
             epochs.append(seen)
-        for (n_real, real, state_real), (n_lean, lean, state_lean) in zip(*epochs):
-            assert n_real == n_lean == len(real) == len(lean) and len(real) >= 1
-            for a, b in zip(real, lean):
-                assert list(a) == list(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
-            assert torch.equal(state_real, state_lean)
+        for lean_epochs in epochs[1:]:
+            for (n_real, real, state_real), (n_lean, lean, state_lean) in zip(epochs[0], lean_epochs):
+                assert n_real == n_lean == len(real) == len(lean) and len(real) >= 1
+                for a, b in zip(real, lean):
+                    assert list(a) == list(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+                assert torch.equal(state_real, state_lean)
         # the epochs differ (reshuffled), so equal orders are not an accident of one order
         assert any(not torch.equal(a["labels"], b["labels"]) for a, b in zip(epochs[0][0][1], epochs[0][1][1]))
 

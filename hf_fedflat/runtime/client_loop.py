@@ -82,12 +82,19 @@ class TensorRowsLoader:
     last one partial unless ``drop_last``), collated by the materialised columns and moved to the device.
     This does the same (the batches and the global generator's state after each epoch are tested equal to the
     Trainer's dataloader, ``tests/test_client_loop.py``).
+
+    On a device other than the CPU (``stage_on_device``) the client's rows and each epoch's order are copied to
+    the device once, and every batch is indexed there: a host-to-device copy from pageable memory blocks the
+    host until the device has caught up, so one per batch would be a sync per step; the batches are the same.
     """
 
-    def __init__(self, rows, batch_size: int, drop_last: bool, device: torch.device):
+    def __init__(self, rows, batch_size: int, drop_last: bool, device: torch.device,
+                 stage_on_device: bool | None = None):
         self.dataset, self.batch_size, self.drop_last, self.device = rows, batch_size, drop_last, device
+        self.stage_on_device = device.type != "cpu" if stage_on_device is None else stage_on_device
         self.initial_seed = torch.random.initial_seed()
         self.epoch = 0
+        self._staged: dict[str, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -102,7 +109,16 @@ class TensorRowsLoader:
         generator.manual_seed(self.initial_seed + self.epoch)
         order = torch.randperm(len(self.dataset), generator=generator)
         rows, materialized, device = self.dataset.indices, self.dataset.materialized, self.device
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        stops = range(0, len(self) * self.batch_size, self.batch_size)
+        if self.stage_on_device:
+            if self._staged is None:  # the client's rows, collated and copied once for all its epochs
+                self._staged = {k: v.to(device) for k, v in materialized.collate(rows).items()}
+            order = order.to(device)
+            for start in stops:
+                index = order[start:start + self.batch_size]
+                yield {k: v.index_select(0, index) for k, v in self._staged.items()}
+            return
+        for start in stops:
             batch = materialized.collate(rows[order[start:start + self.batch_size]])
             yield batch if device.type == "cpu" else {k: v.to(device) for k, v in batch.items()}
 
