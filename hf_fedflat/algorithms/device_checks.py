@@ -65,8 +65,8 @@ def usable_offset(offset: Tensor, ok: Flag) -> Tensor:
     return offset if ok is True else offset.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def select(ok: Flag, value: Tensor, fallback: Tensor) -> Tensor:
-    """``value`` where ``ok``, else ``fallback``."""
+def select(ok: Flag, value: Tensor, fallback: Tensor | float) -> Tensor:
+    """``value`` where ``ok``, else ``fallback`` (a tensor or a number)."""
     return value if ok is True else torch.where(ok, value, fallback)
 
 

@@ -68,7 +68,7 @@ class FirstOrderGAMPerturbation(Perturbation):
         if ok is False:
             return loss, grad, torch.zeros_like(grad)
         _, shifted = grad_at(usable_offset(grad * (c.hvp_radius / (norm + EPS)), ok))
-        return loss, grad, select(ok, shifted.sub_(grad).div_(c.hvp_radius), torch.zeros_like(grad))
+        return loss, grad, select(ok, shifted.sub_(grad).div_(c.hvp_radius), 0.0)
 
     def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
         loss, grad, norm_gradient = self.gradient_norm_gradient(grad_at)
