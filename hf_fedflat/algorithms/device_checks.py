@@ -22,7 +22,8 @@ from collections.abc import Iterator
 
 import torch
 
-Tensor = torch.Tensor
+from .base import Tensor, global_norm
+
 #: ``True``/``False`` from a host read (CPU), or a 0-dim bool tensor kept on the device
 Flag = bool | Tensor
 
@@ -52,7 +53,7 @@ def _on_host(tensor: Tensor) -> bool:
 def checked_norm(vector: Tensor, nonzero: bool = False) -> tuple[Tensor, Flag]:
     """``(||v||, usable)``: usable when the norm is finite (and, with ``nonzero``, not 0). A Python bool on
     the CPU; a 0-dim bool tensor elsewhere (no host read)."""
-    norm = torch.linalg.vector_norm(vector)
+    norm = global_norm(vector)
     ok = torch.isfinite(norm)
     if nonzero:
         ok = ok & (norm != 0)
