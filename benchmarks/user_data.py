@@ -23,6 +23,11 @@ second or two; each round keeps its fastest time over the repeats):
 
 Ratios: seconds per timed round / the plain loop's (target <= 1.10 for the fast path). The final weights of
 every side are compared with the plain loop's (``max_abs_weight_diff``; identical computations give 0).
+
+Python calls per round (``python_calls_per_round``, ``--count-rounds``, 0 to skip): every Python and C function call a
+side makes in its rounds 1..N, counted by ``sys.setprofile`` in a separate untimed run. Unlike the times, the counts do
+not move with the VM's load: the same code gives the same count, so they show what a change removed where a
+timing cannot resolve it (a client here is ~2 steps of ~1 ms, and each extra call costs ~0.5-1 us inside the loop).
 """
 
 from __future__ import annotations
@@ -145,6 +150,27 @@ def run_trainer(setting: Setting, data: Data, fmt: str, materialize: bool, befor
     return timing
 
 
+def count_python_calls(run_side, rounds: int) -> float:
+    """Python and C function calls per round of ``run_side(gate)`` over its rounds 1..``rounds`` (round 0 warms up)."""
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event == "call" or event == "c_call":
+            calls[0] += 1
+
+    def gate(round_index: int) -> None:
+        if round_index == 1:
+            sys.setprofile(count)
+        elif round_index == rounds + 1:
+            sys.setprofile(None)
+
+    try:
+        run_side(gate)
+    finally:
+        sys.setprofile(None)
+    return calls[0] / rounds
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=100)
@@ -155,6 +181,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="Comma-separated fast-path mechanisms: a side per mechanism with it off (materialised, "
                              "first format only; '' for none).")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--count-rounds", type=int, default=10,
+                        help="Rounds whose Python calls are counted per side (an untimed run; 0: no count).")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
@@ -181,11 +209,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for mechanism in [m for m in args.without.split(",") if m]:
         runners[f"fedavg_{formats[0]}_without_{mechanism}"] = lambda gate, m=mechanism: run_trainer(
             setting, data, formats[0], True, gate, without=(m,))
+    calls = {}
+    if args.count_rounds > 0:
+        counted = dataclasses.replace(setting, num_rounds=args.count_rounds + 2)
+        calls["plain_loop"] = count_python_calls(lambda gate: run_plain(counted, data, gate), args.count_rounds)
+        for fmt in formats:
+            calls[f"fedavg_{fmt}"] = count_python_calls(
+                lambda gate, fmt=fmt: run_trainer(counted, data, fmt, True, gate), args.count_rounds)
+        log("Python calls per round: " + ", ".join(f"{k} {v:.0f}" for k, v in calls.items()))
     load_before = load_average()
     best = bench.lock_step_repeats(runners, args.repeats, "user data")
     runs = best.pop("_runs")
     env = {"load_avg_before": load_before, "load_avg_after": load_average(), "torch_threads": torch.get_num_threads(),
-           "setting": dataclasses.asdict(setting), "model_parameters": sum(p.numel() for p in fresh_model(setting).parameters())}
+           "setting": dataclasses.asdict(setting), "model_parameters": sum(p.numel() for p in fresh_model(setting).parameters()),
+           "python_calls_per_round": {k: round(v, 1) for k, v in calls.items()}}
     records = []
     for name, timing in best.items():
         if name == "plain_loop":

@@ -5,12 +5,13 @@ Trainer's loop would do more."""
 from __future__ import annotations
 
 import tempfile
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import TrainerCallback
 
-from hf_fedflat import FederatedTrainer, FedTrainingArguments, create_trainer, runtime
+from hf_fedflat import FederatedCallback, FederatedTrainer, FedTrainingArguments, create_trainer, runtime
 from hf_fedflat.runtime import client_loop
 from hf_fedflat.runtime.materialize import TensorRows
 
@@ -64,10 +65,10 @@ def test_tensor_rows_loader_gives_the_trainers_batches_and_random_draws(batch_si
         assert any(not torch.equal(a["labels"], b["labels"]) for a, b in zip(epochs[0][0][1], epochs[0][1][1]))
 
 
-def run(tmp, train, **overrides):
+def run(tmp, train, model_class=DropoutClassifier, callbacks=None, **overrides):
     torch.manual_seed(0)
-    trainer = create_trainer(DropoutClassifier(), FedTrainingArguments(**settings(tmp, **overrides)), train, TEST,
-                             label_column="labels")
+    trainer = create_trainer(model_class(), FedTrainingArguments(**settings(tmp, **overrides)), train, TEST,
+                             label_column="labels", callbacks=callbacks)
     output = trainer.train()
     return output, trainer.client_trainer.lean_loop_clients
 
@@ -82,9 +83,13 @@ def run(tmp, train, **overrides):
     ("fedsam", dict(local_steps=3, gradient_accumulation_steps=2, rho=0.1, max_grad_norm=0.05)),
     ("scaffold", dict(local_steps=4)),
     ("fedlesam", dict(local_steps=3, rho=0.2)),
+    # label smoothing: compute_loss pops the labels from its inputs, and SAM's second pass reuses the batch
+    ("fedsam", dict(local_steps=2, rho=0.1, label_smoothing_factor=0.1, model_class="labelled")),
 ])
 @pytest.mark.parametrize("data", ["materialised", "transform"])
 def test_lean_loop_gives_the_trainer_loops_weights_and_losses(algorithm, overrides, data):
+    if overrides.get("model_class") == "labelled":
+        overrides = dict(overrides, model_class=ClassifierWithConfig)
     make_train = (lambda: TRAIN) if data == "materialised" else noisy_train_data  # a random transform: datasets' path
     with tempfile.TemporaryDirectory() as tmp:
         with runtime.fast_path(True):
@@ -98,6 +103,17 @@ def test_lean_loop_gives_the_trainer_loops_weights_and_losses(algorithm, overrid
         assert [r["local_steps"] for r in lean.history] == [r["local_steps"] for r in loop.history]
         other, _ = run(tmp + "/other", make_train(), fed_algorithm=algorithm, seed=8, **overrides)
         assert not torch.equal(lean.params, other.params)  # the comparison has teeth
+
+
+class ClassifierWithConfig(DropoutClassifier):
+    """With the ``config`` the Trainer reads when label smoothing is on (which calls it without labels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = SimpleNamespace(problem_type="single_label_classification")
+
+    def forward(self, x, labels=None):
+        return super().forward(x, labels) if labels is not None else {"logits": self.net(x)}
 
 
 class Recorder(TrainerCallback):
@@ -140,3 +156,48 @@ def test_a_callback_on_the_local_trainer_still_sees_every_step():
         trainer.client_trainer.add_callback(recorder)
         trainer.train()
         assert recorder.steps == 4 * 3 * 2 and trainer.client_trainer.lean_loop_clients == 0
+
+
+class DropoutOff(FederatedCallback):
+    """Turns the dropout layer alone (not the model) to eval mode before every round's clients."""
+
+    def on_round_begin(self, trainer, round_index, clients, **kwargs):
+        trainer.client_trainer.model.net[1].eval()
+
+
+class CountedTrain(DropoutClassifier):
+    """A model overriding ``train`` (as DoRA layers or timm's distillation tasks do): counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.train_calls = [0]
+
+    def train(self, mode=True):
+        self.train_calls[0] += 1
+        return super().train(mode)
+
+
+@pytest.mark.parametrize("model_class, callbacks", [(DropoutClassifier, [DropoutOff()]), (CountedTrain, None)])
+def test_lean_loop_puts_every_module_in_training_mode_as_the_trainer_does(model_class, callbacks):
+    """The lean loop calls ``model.train()`` once per client, skipped when every module is in training mode already
+    and no module overrides ``train``: a submodule left in eval mode (the root in training mode) is switched back,
+    and an overriding model's ``train`` runs for every client."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with runtime.fast_path(True):
+            lean, lean_clients = run(tmp + "/lean", TRAIN, model_class=model_class, callbacks=callbacks)
+        with runtime.fast_path(True, without=["client_loop"]):
+            loop, loop_clients = run(tmp + "/loop", TRAIN, model_class=model_class, callbacks=callbacks)
+        assert lean_clients == 12 and loop_clients == 0
+        assert torch.equal(lean.params, loop.params)
+        dropout_off, _ = run(tmp + "/off", TRAIN, local_steps=1, callbacks=[DropoutOff()], eval_every_n_rounds=10)
+        with runtime.fast_path(True, without=["client_loop"]):
+            dropout_on, _ = run(tmp + "/on", TRAIN, local_steps=1, eval_every_n_rounds=10)
+        assert torch.equal(dropout_off.params, dropout_on.params)  # ... because the dropout was switched back on
+    if model_class is CountedTrain:
+        model = CountedTrain()
+        with tempfile.TemporaryDirectory() as tmp, runtime.fast_path(True):
+            trainer = create_trainer(model, FedTrainingArguments(**settings(tmp, eval_every_n_rounds=10)), TRAIN,
+                                     TEST, label_column="labels")
+            trainer.train()
+        assert trainer.client_trainer.lean_loop_clients == 12
+        assert model.train_calls[0] >= 12  # every client's, though every module was in training mode

@@ -29,7 +29,7 @@ import os
 
 import torch
 from accelerate.utils import DistributedType
-from transformers import Trainer
+from transformers import PreTrainedModel, Trainer
 from transformers.optimization import GreedyLR
 from transformers.trainer_callback import DefaultFlowCallback, TrainerState
 from transformers.trainer_utils import TrainOutput
@@ -40,6 +40,10 @@ from .materialize import PreCollated, TensorRows, is_default_collator
 _TRAINER_GET_TRAIN_SAMPLER = Trainer._get_train_sampler
 _TRAINER_GET_TRAIN_DATALOADER = Trainer.get_train_dataloader
 _TRAINER_LOSS_CONTEXT = Trainer.compute_loss_context_manager
+_TRAINER_PREPARE_INPUTS = (Trainer._prepare_inputs, Trainer._prepare_input)
+_PLAIN_TRAIN_MODES = (torch.nn.Module.train, PreTrainedModel.train)
+# SageMaker's model parallelism is announced by the process's environment at launch: read it once, not per client
+_sagemaker_mp_enabled = functools.cache(is_sagemaker_mp_enabled)
 
 
 def applies(trainer, args, resume_from_checkpoint=None, trial=None) -> bool:
@@ -63,7 +67,7 @@ def applies(trainer, args, resume_from_checkpoint=None, trial=None) -> bool:
         and not (trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled or trainer.is_fsdp_xla_enabled)
         and not trainer.is_distributed_loading_by_transformers
         and getattr(trainer.accelerator, "parallelism_config", None) is None
-        and not is_sagemaker_mp_enabled()
+        and not _sagemaker_mp_enabled()
         and trainer.neftune_noise_alpha is None
         and "lomo" not in str(args.optim)
         and trainer.model_wrapped is trainer.model
@@ -162,14 +166,21 @@ def direct_clipping(trainer, parameters: list[torch.Tensor]):
     return clip
 
 
-def lean_pass(trainer, args):
+def lean_pass(trainer, args, inputs_on_device: bool = False):
     """``Trainer.training_step`` without its per-micro-batch checks that cannot change within a client's loop (for a
     configuration :func:`applies` accepted), or None where they matter (a schedule-free optimizer's mode switch).
 
     The same forward (the Trainer's ``_prepare_inputs``, autocast context and ``compute_loss``), the same loss
     normalisation and backward, without the divisions by 1 (one accumulation step: ``x / 1`` and its backward
     change no bit); ``model.train()``, which walks every module, is called once per client by :func:`run` and
-    again only when the model is not in training mode."""
+    again only when the model is not in training mode. ``inputs_on_device``: the batches are flat dicts of tensors
+    already on ``args.device`` (:class:`TensorRowsLoader`'s), for which the Trainer's ``_prepare_inputs`` (unless
+    overridden) only copies the dict: so does this (a perturbed pass may reuse the batch after ``compute_loss``
+    popped a key from its copy)."""
+    prepare_inputs = trainer._prepare_inputs
+    if inputs_on_device and (type(trainer)._prepare_inputs, type(trainer)._prepare_input) == _TRAINER_PREPARE_INPUTS:
+        def prepare_inputs(inputs):
+            return dict(inputs) if inputs else trainer._prepare_inputs(inputs)  # (an empty batch: its error)
     inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     if callable(getattr(inner, "train", None)):  # schedule-free optimizers: the Trainer switches them every step
         return None
@@ -186,7 +197,7 @@ def lean_pass(trainer, args):
     def forward_backward(model, inputs, num_items_in_batch=None):
         if not model.training:
             model.train()
-        inputs = trainer._prepare_inputs(inputs)
+        inputs = prepare_inputs(inputs)
         with context if context is not None else trainer.compute_loss_context_manager():
             loss = trainer.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         del inputs
@@ -202,6 +213,22 @@ def lean_pass(trainer, args):
         return loss.detach()
 
     return forward_backward
+
+
+def _model_lists(trainer, model) -> tuple[list[torch.nn.Module], list[torch.nn.Parameter], bool]:
+    """``(modules, parameters, plain_train_modes)`` of ``model``, listed at its first client and kept on the trainer.
+
+    The federated run fixes the model's parameters when it starts (``ParameterSpace``), so these lists hold for all
+    its clients; listing them walks the module tree (~140 Python calls for a 9-module CNN, per client).
+    ``plain_train_modes``: no module overrides ``train`` (torch's or transformers' own only), so that ``model.train()``
+    changes nothing when every module is in training mode; with an override (DoRA layers, timm's distillation
+    tasks) ``model.train()`` is always called, as the Trainer does."""
+    cached = getattr(trainer, "_lean_loop_model_lists", None)
+    if cached is None or cached[0] is not model:
+        modules = list(model.modules())
+        plain = all(type(m).train in _PLAIN_TRAIN_MODES for m in modules)
+        cached = trainer._lean_loop_model_lists = (model, modules, list(model.parameters()), plain)
+    return cached[1], cached[2], cached[3]
 
 
 def _set_grads_to_none(parameters) -> None:
@@ -226,14 +253,17 @@ def run(trainer, args) -> TrainOutput:
     trainer.model_wrapped = model
     accelerator, optimizer, scheduler = trainer.accelerator, trainer.optimizer, trainer.lr_scheduler
     accumulation, device = args.gradient_accumulation_steps, args.device
-    parameters = list(model.parameters())
+    modules, parameters, plain_train_modes = _model_lists(trainer, model)
     clip = direct_clipping(trainer, parameters) if args.max_grad_norm is not None and args.max_grad_norm > 0 else None
     total_loss = torch.zeros((), device=device)
     zero_grad = (functools.partial(_set_grads_to_none, parameters)
                  if type(model).zero_grad is torch.nn.Module.zero_grad else model.zero_grad)
     zero_grad()
-    model.train()  # (the Trainer's step calls it every micro-batch; the lean pass when the mode changed)
-    trainer.forward_backward = lean_pass(trainer, args)
+    # (the Trainer's step calls model.train() every micro-batch, the lean pass when the mode changed; it walks every
+    # module, and after the previous client each one is in training mode already, which this checks)
+    if not plain_train_modes or False in [m.training for m in modules]:
+        model.train()
+    trainer.forward_backward = lean_pass(trainer, args, inputs_on_device=isinstance(train_dataloader, TensorRowsLoader))
     try:
         stop = False
         for epoch in range(num_train_epochs):

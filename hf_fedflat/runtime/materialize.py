@@ -98,9 +98,10 @@ class TensorRows(torch.utils.data.Dataset):
     def __init__(self, materialized: "Materialized", indices):
         self.materialized = materialized
         self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        self._len = int(self.indices.shape[0])  # (Tensor.__len__ is Python; a client's loop asks ~10 times)
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return self._len
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = int(self.indices[index])
