@@ -43,10 +43,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -62,6 +65,7 @@ from torch.utils.data import RandomSampler  # noqa: E402
 from transformers import set_seed  # noqa: E402
 
 from hf_fedflat import FederatedTrainer, FedTrainingArguments  # noqa: E402
+from hf_fedflat.diagnostics import HostReadCounter  # noqa: E402
 from hf_fedflat.sampling import derive_seed, sample_clients  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -82,6 +86,8 @@ class Job:
     local_steps: int | None  # None: one local epoch per client (the library's local_epochs=1)
     max_grad_norm: float = 10.0
     seed: int = 42
+    device: str = "cpu"  # "cuda": both sides on the GPU (the library with use_cpu=False)
+    bf16: bool = False  # both sides' forward under bf16 autocast (the library with bf16=True, as the Trainer does)
 
 
 @dataclasses.dataclass
@@ -113,10 +119,17 @@ def client_order(job: Job, round_index: int, client_id: int, size: int) -> torch
 
 
 def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
-    """FedAvg as a plain PyTorch loop: SGD on the trainable parameters, clipping, size-weighted mean."""
+    """FedAvg as a plain PyTorch loop: SGD on the trainable parameters, clipping, size-weighted mean.
+
+    On ``job.device`` (batches copied there as fetched), the forward under bf16 autocast with ``job.bf16`` as the
+    Trainer's ``bf16=True`` puts it (the loss too; the backward outside); a GPU round ends with a synchronize, as the
+    library's ends reading the updates back."""
     job = w.job
-    model = w.make_model()
+    device = torch.device(job.device)
+    model = w.make_model().to(device)
     model.train()
+    autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=job.bf16)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     params = [p for p in model.parameters() if p.requires_grad]
     global_params = torch.nn.utils.parameters_to_vector(params).detach().clone()
     sizes = torch.tensor([int(n) for n in w.partition.num_samples], dtype=torch.float64)
@@ -134,7 +147,9 @@ def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
             optimizer = torch.optim.SGD(params, lr=job.learning_rate)
             rows = indices[client_id]
             for batch in client_order(job, round_index, client_id, len(rows)):
-                loss = model(**w.fetch(rows[batch])).loss
+                inputs = {k: v.to(device) for k, v in w.fetch(rows[batch]).items()}
+                with autocast():
+                    loss = model(**inputs).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, job.max_grad_norm)
                 optimizer.step()
@@ -142,10 +157,11 @@ def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
                 steps += 1
             total.add_(torch.nn.utils.parameters_to_vector(params).detach() - global_params, alpha=weight)
         global_params = global_params + total
+        synchronize()
         timing.round_seconds.append(time.perf_counter() - start)
         timing.round_cpu_seconds.append(time.process_time() - cpu_start)
         timing.round_steps.append(steps)
-    timing.final_params = global_params
+    timing.final_params = global_params.cpu()
     return timing
 
 
@@ -154,7 +170,8 @@ def federated_args(job: Job, algorithm: str, output_dir: str, **overrides) -> Fe
         output_dir=output_dir, fed_algorithm=algorithm, num_clients=job.num_clients,
         clients_per_round=job.clients_per_round, num_rounds=job.num_rounds, local_steps=job.local_steps,
         learning_rate=job.learning_rate, per_device_train_batch_size=job.batch_size,
-        max_grad_norm=job.max_grad_norm, seed=job.seed, report_to="none", disable_tqdm=True, use_cpu=True,
+        max_grad_norm=job.max_grad_norm, seed=job.seed, report_to="none", disable_tqdm=True,
+        use_cpu=job.device == "cpu", bf16=job.bf16,
     )
     values.update(overrides)
     return FedTrainingArguments(**values)
@@ -177,20 +194,91 @@ def run_trainer(w: Workload, algorithm: str, before_round: RoundGate = no_gate) 
     return timing
 
 
+class GpuUtilisation:
+    """``nvidia-smi``'s GPU utilisation (% of the time a kernel ran), sampled every ``interval_ms`` in a thread."""
+
+    def __init__(self, interval_ms: int = 100):
+        self.interval_ms, self.samples, self.process, self.thread = interval_ms, [], None, None
+
+    def start(self) -> None:
+        try:
+            self.process = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                 f"-lms={self.interval_ms}", f"--id={torch.cuda.current_device()}"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:  # no nvidia-smi: no utilisation, the rest of the profile still
+            return
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            if line.strip().isdigit():
+                self.samples.append(int(line))
+
+    def stop(self) -> float | None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait()
+            self.thread.join(timeout=2)
+        return round(statistics.fmean(self.samples), 1) if self.samples else None
+
+
+def device_profile(run_side: Callable[[RoundGate], RunTiming], job: Job) -> dict:
+    """One untimed run of a side, measured over its rounds 1 .. ``num_rounds - 2`` (round 0 warms up; the last one
+    and the final save are left out): its host reads per optimizer step (``HostReadCounter``: ``.item()``,
+    ``bool(t)``, ``.cpu()``, ...; each a host-device sync on a GPU, counted on any device) and, on a GPU, the mean
+    utilisation ``nvidia-smi`` samples over those rounds."""
+    counter = HostReadCounter(record_sites=False)
+    sampler = GpuUtilisation() if job.device == "cuda" else None
+    last = job.num_rounds - 1
+    entered = [False]
+
+    def gate(round_index: int) -> None:
+        if round_index == 1 and last > 1:
+            if sampler is not None:
+                sampler.start()
+            counter.__enter__()
+            entered[0] = True
+        elif round_index == last and entered[0]:
+            counter.__exit__(None, None, None)
+            entered[0] = False
+            if sampler is not None:
+                torch.cuda.synchronize()
+
+    try:
+        timing = run_side(gate)
+    finally:
+        if entered[0]:
+            counter.__exit__(None, None, None)
+        utilisation = sampler.stop() if sampler is not None else None
+    steps = sum(timing.round_steps[1:last])
+    return {"host_reads_per_step": round(counter.total / steps, 3) if steps else None, "steps": steps,
+            "gpu_utilisation_percent": utilisation}
+
+
 def compare(w: Workload, algorithms: dict[str, float], repeats: int, plain: bool = True,
-            extra: dict | None = None) -> list[dict]:
-    """FedAvg vs the plain loop (<= 1.10) and each of ``algorithms`` vs FedAvg (its target), in lock-step."""
+            extra: dict | None = None, profile_device: bool = False) -> list[dict]:
+    """FedAvg vs the plain loop (<= 1.10) and each of ``algorithms`` vs FedAvg (its target), in lock-step.
+
+    ``profile_device``: before the timed runs, one untimed run of each side for :func:`device_profile` (host reads
+    per step; on a GPU its utilisation), recorded with every record."""
     runners: dict[str, Callable[[RoundGate], RunTiming]] = {}
     if plain:
         runners["plain_loop"] = lambda gate: run_plain(w, gate)
     runners["fedavg"] = lambda gate: run_trainer(w, "fedavg", gate)
     for algorithm in algorithms:
         runners[algorithm] = lambda gate, a=algorithm: run_trainer(w, a, gate)
+    if profile_device:
+        profiles = {name: device_profile(runner, w.job) for name, runner in runners.items()}
+        log(f"{w.name} device profile: {profiles}")
+        extra = (extra or {}) | {"device_profile": profiles}
     load_before = load_average()
     best = bench.lock_step_repeats(runners, repeats, w.name)
     runs = best.pop("_runs")
     env = {"load_avg_before": load_before, "load_avg_after": load_average(), "torch_threads": torch.get_num_threads(),
-           "job": dataclasses.asdict(w.job)} | (extra or {})
+           "job": dataclasses.asdict(w.job),
+           "device_name": torch.cuda.get_device_name() if w.job.device == "cuda" else "cpu"} | (extra or {})
     records = []
     if plain:
         records.append(bench.ratio_record(f"{w.name}_fedavg_vs_plain_loop", 1.10, False, "FedAvg / plain loop",
@@ -337,10 +425,12 @@ def algorithm_targets(opts) -> dict[str, float]:
 
 def section_shakespeare(opts) -> list[dict]:
     job = Job(num_rounds=opts.rounds or (3 if opts.quick else 5), num_clients=0, clients_per_round=10,
-              batch_size=10, learning_rate=0.8, local_steps=opts.shakespeare_steps or (2 if opts.quick else 4))
+              batch_size=10, learning_rate=0.8, local_steps=opts.shakespeare_steps or (2 if opts.quick else 4),
+              device=opts.device, bf16=opts.bf16)
     w, info = shakespeare_workload(job, opts.plays, 0.25 if opts.quick else 1.0)
     log(f"shakespeare: {info}")
-    return compare(w, algorithm_targets(opts), opts.repeats or 1, extra={"data": info})
+    return compare(w, algorithm_targets(opts), opts.repeats or 1, extra={"data": info},
+                   profile_device=opts.device_profile)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -388,10 +478,11 @@ def vit_workload(job: Job, model_name: str, rows: int) -> tuple[Workload, dict]:
 
 def section_vit_lora(opts) -> list[dict]:
     job = Job(num_rounds=opts.rounds or 3, num_clients=20, clients_per_round=2, batch_size=4,
-              learning_rate=0.01, local_steps=1 if opts.quick else 2)
+              learning_rate=0.01, local_steps=1 if opts.quick else 2, device=opts.device, bf16=opts.bf16)
     w, info = vit_workload(job, opts.vit_model, rows=200)
     log(f"vit_lora: {info}")
-    records = compare(w, algorithm_targets(opts), opts.repeats or 1, extra={"model": info})
+    records = compare(w, algorithm_targets(opts), opts.repeats or 1, extra={"model": info},
+                      profile_device=opts.device_profile)
     fedavg = records[0]["details"]["fedavg"]
     up = [b for b in fedavg["bytes_up_per_round"] if b]
     down = [b for b in fedavg["bytes_down_per_round"] if b]
@@ -579,6 +670,11 @@ def parse_args(argv):
                         help=f"Comma-separated algorithms compared with FedAvg on workloads 1-2 (default all of "
                              f"{list(ALGORITHM_TARGETS)}).")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="Where both sides of workloads 1-2 train (femnist_scale stays on the CPU).")
+    parser.add_argument("--bf16", action="store_true", help="Both sides' forward under bf16 autocast.")
+    parser.add_argument("--device-profile", action="store_true",
+                        help="An untimed run per side first: host reads per step, GPU utilisation (nvidia-smi).")
     parser.add_argument("--output", default=None, help="JSON list of records (default benchmarks/workloads.json).")
     return parser.parse_args(argv)
 

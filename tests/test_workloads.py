@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from transformers import set_seed
+from transformers.modeling_outputs import SequenceClassifierOutput
 
 from hf_fedflat.data.partition import natural_id_partition
 from hf_fedflat.models import create_model
@@ -80,6 +81,45 @@ def test_local_steps_past_one_epoch_follow_the_trainers_reshuffle(W, shakespeare
     plain, fedavg = W.run_plain(tiny), W.run_trainer(tiny, "fedavg")
     assert plain.round_steps == fedavg.round_steps == [3 * 5, 3 * 5]
     assert torch.equal(plain.final_params, fedavg.final_params)
+
+
+class TinyCharModel(torch.nn.Module):
+    """Next character from the mean of the window's embeddings: linear layers, which CPU autocast runs in bf16."""
+
+    def __init__(self, vocab: int = 128):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab, 8)
+        self.head = torch.nn.Linear(8, vocab)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.embedding(input_ids).mean(dim=1))
+        return SequenceClassifierOutput(loss=torch.nn.functional.cross_entropy(logits, labels), logits=logits)
+
+
+def test_bf16_autocast_gives_both_sides_the_same_weights(W, shakespeare):
+    """``--bf16`` (run on the CPU here; ``--device cuda`` on a GPU): the plain loop's forward under bf16 autocast as
+    the Trainer's ``bf16=True`` puts it, the same weights."""
+    workload, _ = shakespeare
+
+    def tiny_char_model():  # (no LSTM: this CPU's oneDNN has no bf16 LSTM; a GPU run uses LEAF's)
+        set_seed(workload.job.seed)
+        return TinyCharModel()
+
+    bf16 = dataclasses.replace(workload, job=dataclasses.replace(workload.job, bf16=True), make_model=tiny_char_model)
+    plain, fedavg = W.run_plain(bf16), W.run_trainer(bf16, "fedavg")
+    assert torch.equal(plain.final_params, fedavg.final_params)
+    fp32 = dataclasses.replace(bf16, job=workload.job)
+    assert not torch.equal(plain.final_params, W.run_plain(fp32).final_params)  # autocast changed the arithmetic
+
+
+def test_device_profile_counts_host_reads_over_the_middle_rounds(W, shakespeare):
+    workload, _ = shakespeare
+    longer = dataclasses.replace(workload, job=dataclasses.replace(workload.job, num_rounds=4))
+    for side in (lambda gate: W.run_plain(longer, gate), lambda gate: W.run_trainer(longer, "fedavg", gate)):
+        profile = W.device_profile(side, longer.job)
+        assert profile["steps"] == 2 * 3 * 2  # rounds 1 and 2 of 4, 3 clients x 2 steps
+        assert profile["host_reads_per_step"] > 0  # (the shuffles' and the updates' reads; no sync on a CPU)
+        assert profile["gpu_utilisation_percent"] is None  # no GPU here
 
 
 def test_lock_step_compare_records_ratios_and_equal_weights(W, shakespeare):
