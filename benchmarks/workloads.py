@@ -42,6 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
@@ -51,6 +52,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -227,33 +229,46 @@ class GpuUtilisation:
 def device_profile(run_side: Callable[[RoundGate], RunTiming], job: Job) -> dict:
     """One untimed run of a side, measured over its rounds 1 .. ``num_rounds - 2`` (round 0 warms up; the last one
     and the final save are left out): its host reads per optimizer step (``HostReadCounter``: ``.item()``,
-    ``bool(t)``, ``.cpu()``, ...; each a host-device sync on a GPU, counted on any device) and, on a GPU, the mean
-    utilisation ``nvidia-smi`` samples over those rounds."""
+    ``bool(t)``, ``.cpu()``, ...; each a host-device sync on a GPU, counted on any device) and, on a GPU, the
+    synchronizing CUDA calls per step (``torch.cuda.set_sync_debug_mode``'s warnings: also those of code that does not
+    go through a tensor method, e.g. a pageable copy) and the mean utilisation ``nvidia-smi`` samples."""
     counter = HostReadCounter(record_sites=False)
-    sampler = GpuUtilisation() if job.device == "cuda" else None
+    cuda = job.device == "cuda"
+    sampler = GpuUtilisation() if cuda else None
+    syncs = warnings.catch_warnings(record=True) if cuda else contextlib.nullcontext([])
     last = job.num_rounds - 1
     entered = [False]
+
+    def stop() -> None:
+        if entered[0]:
+            counter.__exit__(None, None, None)
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+                torch.cuda.synchronize()
+            entered[0] = False
 
     def gate(round_index: int) -> None:
         if round_index == 1 and last > 1:
             if sampler is not None:
                 sampler.start()
             counter.__enter__()
+            if cuda:  # every synchronizing CUDA call warns ("warn" mode): counted, whatever code path makes it
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode(1)
             entered[0] = True
-        elif round_index == last and entered[0]:
-            counter.__exit__(None, None, None)
-            entered[0] = False
-            if sampler is not None:
-                torch.cuda.synchronize()
+        elif round_index == last:
+            stop()
 
-    try:
-        timing = run_side(gate)
-    finally:
-        if entered[0]:
-            counter.__exit__(None, None, None)
-        utilisation = sampler.stop() if sampler is not None else None
+    with syncs as caught:
+        try:
+            timing = run_side(gate)
+        finally:
+            stop()
+            utilisation = sampler.stop() if sampler is not None else None
     steps = sum(timing.round_steps[1:last])
+    cuda_syncs = sum("synchroniz" in str(w.message) for w in caught) if cuda else None
     return {"host_reads_per_step": round(counter.total / steps, 3) if steps else None, "steps": steps,
+            "cuda_syncs_per_step": round(cuda_syncs / steps, 3) if cuda and steps else None,
             "gpu_utilisation_percent": utilisation}
 
 

@@ -1,7 +1,11 @@
 """Every preset for 2 rounds in bf16 (issue 20's correctness item for the GPU, run here on the CPU's bf16 autocast):
-the Trainer's autocast is on, the weights stay finite, and each preset's 2-round update stays near its fp32 one."""
+the Trainer's autocast is on, the weights stay finite, and each preset's 2-round update stays near its fp32 one.
+
+``HF_FEDFLAT_TEST_CUDA=1 pytest tests/test_bf16_presets.py`` runs the same on the GPU (where one is)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -12,9 +16,12 @@ from conftest import TinyClassifier
 from test_federated_run import TEST, TRAIN
 
 
+ON_CUDA = os.environ.get("HF_FEDFLAT_TEST_CUDA") == "1" and torch.cuda.is_available()
+
+
 def two_rounds(tmp_path, algorithm: str, bf16: bool):
     args = FedTrainingArguments(
-        output_dir=str(tmp_path), use_cpu=True, bf16=bf16, fed_algorithm=algorithm, num_clients=4,
+        output_dir=str(tmp_path), use_cpu=not ON_CUDA, bf16=bf16, fed_algorithm=algorithm, num_clients=4,
         clients_per_round=2, num_rounds=2, local_steps=2, per_device_train_batch_size=4, partition_scheme="iid",
         learning_rate=0.1, seed=7, disable_tqdm=True, report_to="none")
     torch.manual_seed(0)
