@@ -206,7 +206,7 @@ class GpuUtilisation:
         try:
             self.process = subprocess.Popen(
                 ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                 f"-lms={self.interval_ms}", f"--id={torch.cuda.current_device()}"],
+                 f"--loop-ms={self.interval_ms}", f"--id={torch.cuda.current_device()}"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:  # no nvidia-smi: no utilisation, the rest of the profile still
             return

@@ -204,3 +204,16 @@ def test_final_weights_equal_with_and_without_materialising_and_the_plain_loop(u
     assert torch.equal(fast.final_params, plain.final_params)
     initial = torch.nn.utils.parameters_to_vector(b.fresh_model(setting).parameters()).detach()
     assert not torch.equal(plain.final_params, initial)  # it trained
+
+
+def test_python_calls_per_round_are_counted_over_the_rounds_asked_and_repeat_exactly(user_data_bench):
+    """The benchmark's call count (``count_python_calls``): the same code gives the same number, rounds 1..N only."""
+    b = user_data_bench
+    setting = b.Setting(num_rounds=4, num_clients=12, clients_per_round=3)
+    data = b.load(setting)
+    plain = [b.count_python_calls(lambda gate: b.run_plain(setting, data, gate), rounds) for rounds in (2, 2, 3)]
+    assert plain[0] == plain[1] > 0  # (per round: rounds 1-2 twice)
+    assert plain[2] != plain[0]  # rounds 1-3: another client sample, another count
+    library = b.count_python_calls(lambda gate: b.run_trainer(setting, data, "torch", True, gate), 2)
+    assert library > plain[0]
+    assert sys.getprofile() is None  # the counter is off again
