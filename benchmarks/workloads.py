@@ -230,8 +230,9 @@ def device_profile(run_side: Callable[[RoundGate], RunTiming], job: Job) -> dict
     """One untimed run of a side, measured over its rounds 1 .. ``num_rounds - 2`` (round 0 warms up; the last one
     and the final save are left out): its host reads per optimizer step (``HostReadCounter``: ``.item()``,
     ``bool(t)``, ``.cpu()``, ...; each a host-device sync on a GPU, counted on any device) and, on a GPU, the
-    synchronizing CUDA calls per step (``torch.cuda.set_sync_debug_mode``'s warnings: also those of code that does not
-    go through a tensor method, e.g. a pageable copy) and the mean utilisation ``nvidia-smi`` samples."""
+    synchronizing CUDA calls per step (``torch.cuda.set_sync_debug_mode``'s warnings: also those made inside torch's
+    C++ code, which a ``TorchFunctionMode`` does not see; not host-to-device copies staged through pageable memory,
+    which torch does not flag) and the mean utilisation ``nvidia-smi`` samples."""
     counter = HostReadCounter(record_sites=False)
     cuda = job.device == "cuda"
     sampler = GpuUtilisation() if cuda else None
