@@ -227,6 +227,20 @@ def test_heap_trimmer_does_not_trim_for_live_growth():
     del held
 
 
+def test_heap_trimmer_reads_mallocs_statistics_only_past_the_resident_slack():
+    """A check reads the resident set first; malloc's statistics (a walk of its free lists) only once the resident
+    set grew by the slack, and after live growth the next slack counts from there."""
+    trimmer = HeapTrimmer(slack_bytes=64 * 2**20, min_calls_between=1, check_every=1)
+    if trimmer._malloc_trim is None:  # no glibc / no /proc: a no-op
+        assert not trimmer.maybe_trim() and trimmer.malloc_reads == 0
+        return
+    assert not any(trimmer.maybe_trim() for _ in range(5)) and trimmer.malloc_reads == 0
+    held = [torch.ones(2**16) for _ in range(800)]  # 200 MiB of live tensors
+    assert not trimmer.maybe_trim() and trimmer.malloc_reads == 1  # read, found live: no trim
+    assert not trimmer.maybe_trim() and trimmer.malloc_reads == 1  # the slack counts from the live level now
+    del held
+
+
 @pytest.mark.parametrize("algorithm", ["scaffold", "fedlesam_d"])
 def test_workspace_vectors_are_split_once_per_client_not_every_step(tmp_path, monkeypatch, algorithm):
     calls = []
