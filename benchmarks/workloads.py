@@ -44,7 +44,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
-import functools  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -128,10 +127,9 @@ def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
     library's ends reading the updates back."""
     job = w.job
     device = torch.device(job.device)
+    on_cpu = device.type == "cpu"  # (then the loop makes no call more than it did before it took a device)
     model = w.make_model().to(device)
     model.train()
-    autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=job.bf16)
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     params = [p for p in model.parameters() if p.requires_grad]
     global_params = torch.nn.utils.parameters_to_vector(params).detach().clone()
     sizes = torch.tensor([int(n) for n in w.partition.num_samples], dtype=torch.float64)
@@ -149,8 +147,13 @@ def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
             optimizer = torch.optim.SGD(params, lr=job.learning_rate)
             rows = indices[client_id]
             for batch in client_order(job, round_index, client_id, len(rows)):
-                inputs = {k: v.to(device) for k, v in w.fetch(rows[batch]).items()}
-                with autocast():
+                inputs = w.fetch(rows[batch])
+                if not on_cpu:
+                    inputs = {k: v.to(device) for k, v in inputs.items()}
+                if job.bf16:
+                    with torch.autocast(device.type, dtype=torch.bfloat16):
+                        loss = model(**inputs).loss
+                else:
                     loss = model(**inputs).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, job.max_grad_norm)
@@ -159,7 +162,8 @@ def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
                 steps += 1
             total.add_(torch.nn.utils.parameters_to_vector(params).detach() - global_params, alpha=weight)
         global_params = global_params + total
-        synchronize()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         timing.round_seconds.append(time.perf_counter() - start)
         timing.round_cpu_seconds.append(time.process_time() - cpu_start)
         timing.round_steps.append(steps)
