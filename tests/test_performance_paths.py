@@ -12,7 +12,7 @@ import torch
 from transformers import set_seed
 
 from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer, runtime
-from hf_fedflat.runtime.memory import HeapTrimmer, malloc_in_use_bytes, resident_set_bytes
+from hf_fedflat.runtime.memory import HeapTrimmer, anonymous_resident_bytes, malloc_in_use_bytes, resident_set_bytes
 from hf_fedflat.training import ParameterSpace
 from hf_fedflat.training.parameters import all_finite
 
@@ -230,15 +230,22 @@ def test_heap_trimmer_does_not_trim_for_live_growth():
 def test_heap_trimmer_reads_mallocs_statistics_only_past_the_resident_slack():
     """A check reads the resident set first; malloc's statistics (a walk of its free lists) only once the resident
     set grew by the slack, and after live growth the next slack counts from there."""
-    trimmer = HeapTrimmer(slack_bytes=64 * 2**20, min_calls_between=1, check_every=1)
-    if trimmer._malloc_trim is None:  # no glibc / no /proc: a no-op
+    if HeapTrimmer()._malloc_trim is None:  # no glibc / no /proc: a no-op
+        trimmer = HeapTrimmer(slack_bytes=-1, check_every=1)
         assert not trimmer.maybe_trim() and trimmer.malloc_reads == 0
         return
+    # the free heap that earlier tests left goes back to the OS first, so that the live tensors below take fresh
+    # pages (malloc would serve them from its free heap, and the resident set would not grow)
+    HeapTrimmer(slack_bytes=-1, check_every=1).maybe_trim()
+    trimmer = HeapTrimmer(slack_bytes=64 * 2**20, min_calls_between=1, check_every=1)
     assert not any(trimmer.maybe_trim() for _ in range(5)) and trimmer.malloc_reads == 0
-    held = [torch.ones(2**16) for _ in range(800)]  # 200 MiB of live tensors
+    before = anonymous_resident_bytes()
+    held = [torch.ones(2**16) for _ in range(1024)]  # 256 MiB of live tensors
+    assert anonymous_resident_bytes() - before > 200 * 2**20
     assert not trimmer.maybe_trim() and trimmer.malloc_reads == 1  # read, found live: no trim
     assert not trimmer.maybe_trim() and trimmer.malloc_reads == 1  # the slack counts from the live level now
     del held
+    HeapTrimmer(slack_bytes=-1, check_every=1).maybe_trim()  # (no freed heap left behind for later tests)
 
 
 @pytest.mark.parametrize("algorithm", ["scaffold", "fedlesam_d"])
