@@ -26,7 +26,7 @@ def two_rounds(tmp_path, algorithm: str, bf16: bool):
         learning_rate=0.1, seed=7, disable_tqdm=True, report_to="none")
     torch.manual_seed(0)
     model = TinyClassifier()
-    initial = ParameterSpace(model).flatten().clone()
+    initial = ParameterSpace(model).flatten()  # (a copy)
     trainer = create_trainer(model, args, TRAIN, TEST, label_column="labels")  # (the gossip presets too)
     output = trainer.train()
     return trainer, output.params - initial
