@@ -4,11 +4,13 @@ Trainer's loop would do more."""
 
 from __future__ import annotations
 
+import math
 import tempfile
 from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from transformers import TrainerCallback
 
 from hf_fedflat import FederatedCallback, FederatedTrainer, FedTrainingArguments, create_trainer, runtime
@@ -85,6 +87,8 @@ def run(tmp, train, model_class=DropoutClassifier, callbacks=None, **overrides):
     ("fedlesam", dict(local_steps=3, rho=0.2)),
     # label smoothing: compute_loss pops the labels from its inputs, and SAM's second pass reuses the batch
     ("fedsam", dict(local_steps=2, rho=0.1, label_smoothing_factor=0.1, model_class="labelled")),
+    # a constant schedule (no scheduler in the lean loop) at a rate that changes every round
+    ("fedavg", dict(local_steps=3, lr_decay_per_round=0.5)),
 ])
 @pytest.mark.parametrize("data", ["materialised", "transform"])
 def test_lean_loop_gives_the_trainer_loops_weights_and_losses(algorithm, overrides, data):
@@ -201,3 +205,70 @@ def test_lean_loop_puts_every_module_in_training_mode_as_the_trainer_does(model_
             trainer.train()
         assert trainer.client_trainer.lean_loop_clients == 12
         assert model.train_calls[0] >= 12  # every client's, though every module was in training mode
+
+
+@pytest.mark.parametrize("schedule, built", [("constant", False), ("linear", True)])
+def test_the_lean_loop_builds_no_scheduler_for_a_constant_schedule(schedule, built):
+    """transformers' constant schedule only sets each rate to the one the reused optimizer has: the lean loop builds
+    and steps none (its weights are the Trainer loop's: the test above); any other schedule is built and stepped."""
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        trainer = create_trainer(DropoutClassifier(), FedTrainingArguments(**settings(
+            tmp, local_steps=3, lr_scheduler_type=schedule, lr_decay_per_round=0.5)), TRAIN, TEST, label_column="labels")
+        trainer.train()
+        client = trainer.client_trainer
+        assert client.lean_loop_clients == 12
+        assert (client.lr_scheduler is not None) == built
+        if built:  # stepped to the end of the last client's 3 steps: the linear schedule's rate is 0 there
+            assert client.lr_scheduler.last_epoch == 3 and client.optimizer.param_groups[0]["lr"] == 0.0
+
+
+def _clip_trainer(max_norm):
+    accelerator = SimpleNamespace(distributed_type=DistributedType.NO, scaler=None)
+    return SimpleNamespace(accelerator=accelerator, args=SimpleNamespace(max_grad_norm=max_norm),
+                           _clip_grad_norm=None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("max_norm", [1e-3, 0.7, 1e9])
+def test_direct_clipping_gives_torchs_clip_grad_norm_bit_for_bit(dtype, max_norm, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    shapes = [(5, 3), (3,), (4, 2, 2), (1,), (6,)]
+    grads = [torch.randn(s, generator=g).to(dtype) * 3 for s in shapes]
+    grads[3] = None  # a parameter the loss did not reach
+    grads[4][2] = math.inf if max_norm == 0.7 else grads[4][2]  # a non-finite gradient: NaNs, the same ones
+
+    def params_with(grads):
+        params = [torch.nn.Parameter(torch.zeros(s, dtype=dtype)) for s in shapes]
+        for p, grad in zip(params, grads):
+            p.grad = None if grad is None else grad.clone()
+        return params
+
+    expected_params = params_with(grads)
+    expected_norm = torch.nn.utils.clip_grad_norm_(expected_params, max_norm)
+    params = params_with(grads)
+    clip = client_loop.direct_clipping(_clip_trainer(max_norm), params)
+    with monkeypatch.context() as patched:  # the direct path: torch's function is not called
+        patched.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: pytest.fail("torch's clipping ran"))
+        norm = clip(None)
+    assert torch.equal(norm, expected_norm) or (norm.isnan() and expected_norm.isnan()) or (
+        norm.isinf() and expected_norm.isinf())
+    for p, q in zip(params, expected_params):
+        assert (p.grad is None) == (q.grad is None)
+        if p.grad is not None:
+            assert p.grad.dtype == dtype and torch.equal(p.grad.isnan(), q.grad.isnan())
+            assert torch.equal(p.grad.nan_to_num(), q.grad.nan_to_num())
+    changed = any(p.grad is not None and not torch.equal(p.grad, grad) for p, grad in zip(params, grads))
+    assert changed == (max_norm != 1e9)  # the comparison has teeth: clipping happened where it should
+
+
+def test_direct_clipping_leaves_mixed_dtypes_to_torch(monkeypatch):
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, dtype=torch.float64))]
+    for p in params:
+        p.grad = torch.full_like(p, 10.0)
+    calls = []
+    real = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: calls.append(1) or real(*a, **k))
+    client_loop.direct_clipping(_clip_trainer(1.0), params)(None)
+    assert calls == [1]
+    assert abs(float(torch.cat([p.grad.double() for p in params]).norm()) - 1.0) < 1e-5

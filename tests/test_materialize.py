@@ -67,9 +67,11 @@ def test_arrow_read_gives_the_formatter_batches(tmp_path, fmt):
     formatted = mat._formatted_columns(pruned, first, fmt)
     assert formatted["x"].dtype == torch.float32 and formatted["labels"].dtype == torch.int64  # datasets' casts
     materialized = mat.materialize(trainer, dataset)
-    assert materialized is not None and materialized.columns["x"].dtype == torch.float64
+    # stored wider than the format's rows: cast once (int8 ids stay int8, see below)
+    assert materialized is not None and materialized.columns["x"].dtype == torch.float32
+    assert materialized.nbytes == len(dataset) * (6 * 4 + 8)
     everything = torch.arange(len(dataset))
-    for name in formatted:  # cast per batch: one formatted batch of all rows, value and dtype
+    for name in formatted:  # one formatted batch of all rows, value and dtype
         got = materialized.row(name, everything)
         assert got.dtype == formatted[name].dtype and torch.equal(got, formatted[name])
     row = materialized.rows(range(len(dataset)))[4]  # a single row as the format gives it
@@ -215,5 +217,5 @@ def test_python_calls_per_round_are_counted_over_the_rounds_asked_and_repeat_exa
     assert plain[0] == plain[1] > 0  # (per round: rounds 1-2 twice)
     assert plain[2] != plain[0]  # rounds 1-3: another client sample, another count
     library = b.count_python_calls(lambda gate: b.run_trainer(setting, data, "torch", True, gate), 2)
-    assert library > plain[0]
+    assert library > 0 and library != plain[0]  # (another loop, another count: fewer or more)
     assert sys.getprofile() is None  # the counter is off again

@@ -135,6 +135,15 @@ def test_all_finite_is_exactly_isfinite(dtype):
     assert all_finite([torch.arange(5), torch.empty(0, dtype=dtype), torch.zeros(2, 3, dtype=dtype)])
 
 
+def test_all_finite_reads_complex_sums():
+    t = torch.randn(50, dtype=torch.complex64)
+    assert all_finite(t)
+    for bad in (complex(math.nan, 0), complex(0, math.inf), complex(-math.inf, 1)):
+        u = t.clone()
+        u[7] = bad
+        assert not all_finite(u)
+
+
 def test_parameter_space_out_buffers_equal_fresh_vectors():
     torch.manual_seed(0)
     model = TinyClassifier()

@@ -118,11 +118,12 @@ def decode_updates(tensors: dict[str, torch.Tensor]) -> list[ClientUpdate]:
     for index in sorted(grouped):
         part = grouped[index]
         client_id, num_samples, num_steps = (int(x) for x in part["meta"].tolist())
+        train_loss, train_seconds = part["scalars"].tolist()  # (one read, not a select and a read per number)
         messages = {k.removeprefix("msg/"): v for k, v in part.items() if k.startswith("msg/")}
         state = {k.removeprefix("state/"): v for k, v in part.items() if k.startswith("state/")}
         updates.append(ClientUpdate(
-            client_id=client_id, num_samples=num_samples, num_steps=num_steps, train_loss=float(part["scalars"][0]),
-            train_seconds=float(part["scalars"][1]),
+            client_id=client_id, num_samples=num_samples, num_steps=num_steps, train_loss=train_loss,
+            train_seconds=train_seconds,
             delta=part["delta"], messages=unflatten_state(messages), state=unflatten_state(state),
             buffers=part.get("buffers"),
         ))

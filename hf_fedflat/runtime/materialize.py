@@ -125,7 +125,7 @@ class Materialized:
 
     def __init__(self, columns: dict[str, torch.Tensor], plan: list[tuple[str, str, torch.dtype]], numpy_format: bool,
                  row_dtypes: dict[str, torch.dtype] | None = None):
-        self.columns = columns  # as stored (e.g. int8 ids), cast per batch: the same values as casting them whole
+        self.columns = columns  # as stored where narrower (int8 ids), cast per batch: the same values as a whole cast
         self.plan = plan  # (batch key, source column, dtype) in the collator's key order
         self.numpy_format = numpy_format
         self.row_dtypes = {k: c.dtype for k, c in columns.items()} | (row_dtypes or {})  # the format's dtype of a row
@@ -206,6 +206,10 @@ def materialize(trainer, dataset, budget: int | None = None) -> Materialized | N
         if columns is None:
             return None
     row_dtypes = {name: _row_tensor(value).dtype for name, value in first.items()}
+    # A column stored wider than the format gives its rows (float64 read as float32) is cast once, as the format
+    # casts each row: less memory, and no cast per batch. Narrower ones (int8 ids read as int64) stay narrow.
+    columns = {name: column.to(row_dtypes[name]) if column.dtype != row_dtypes[name]
+               and row_dtypes[name].itemsize <= column.dtype.itemsize else column for name, column in columns.items()}
     # The collator's output on a sample of rows: its keys and dtypes, and the check of the plan against it.
     sample = list(range(min(_CHECK_ROWS, len(pruned))))
     rows = [pruned[i] for i in sample]

@@ -45,13 +45,14 @@ def reset_optimizer(trainer, learning_rate: float, uniform_lr: bool) -> bool:
     return True
 
 
-def prepare_reused(trainer, max_steps: int, train_dataloader, resume_from_checkpoint):
+def prepare_reused(trainer, max_steps: int, train_dataloader, resume_from_checkpoint, schedule: bool = True):
     """``Trainer._prepare_for_training`` for an already prepared model and reused optimizer, or None.
 
     For those, the Trainer's version only re-registers them with the accelerator (``accelerator.prepare``
     returns them unchanged) and builds the scheduler; that is all this does, without the checks of
     ``prepare`` (~0.3 ms per client). None (take the Trainer's path) for any other set-up (DeepSpeed,
     FSDP, a resume, a new optimizer).
+    ``schedule=False``: no scheduler (``trainer.lr_scheduler`` None), for a caller that steps none.
     """
     accelerator = trainer.accelerator
     prepared = (
@@ -70,7 +71,8 @@ def prepare_reused(trainer, max_steps: int, train_dataloader, resume_from_checkp
             registry.append(item)
     trainer.lr_scheduler = None
     trainer._created_lr_scheduler = False
-    trainer.create_scheduler(num_training_steps=max_steps)
+    if schedule:
+        trainer.create_scheduler(num_training_steps=max_steps)
     for attr in ("model", "optimizer", "lr_scheduler"):
         setattr(trainer.callback_handler, attr, getattr(trainer, attr))
     trainer.callback_handler.train_dataloader = train_dataloader
