@@ -28,6 +28,10 @@ Python calls per round (``python_calls_per_round``, ``--count-rounds``, 0 to ski
 side makes in its rounds 1..N, counted by ``sys.setprofile`` in a separate untimed run. Unlike the times, the counts do
 not move with the VM's load: the same code gives the same count, so they show what a change removed where a
 timing cannot resolve it (a client here is ~2 steps of ~1 ms, and each extra call costs ~0.5-1 us inside the loop).
+Tensor operations per round (``tensor_ops_per_round``): the operations torch's dispatcher runs for a side in the same
+rounds (a ``TorchDispatchMode``, another untimed run). Between training steps an operation costs ~10-25 us here
+against ~5 us in a warm loop (session 7: torch's clipping, 8 operations plus its grouping, took ~240 us a step inside
+the client loop and ~120 us alone), so these count as much as the calls.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402  (lock-step helpers: LockStep, RunTiming, RoundClock, ratio_record, ...)
@@ -171,6 +176,38 @@ def count_python_calls(run_side, rounds: int) -> float:
     return calls[0] / rounds
 
 
+class _TensorOpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_tensor_ops(run_side, rounds: int) -> float:
+    """Operations torch's dispatcher runs per round in ``run_side(gate)``'s rounds 1..``rounds`` (as
+    :func:`count_python_calls`)."""
+    counter = _TensorOpCounter()
+    entered = [False]
+
+    def gate(round_index: int) -> None:
+        if round_index == 1:
+            counter.__enter__()
+            entered[0] = True
+        elif round_index == rounds + 1 and entered[0]:
+            counter.__exit__(None, None, None)
+            entered[0] = False
+
+    try:
+        run_side(gate)
+    finally:
+        if entered[0]:
+            counter.__exit__(None, None, None)
+    return counter.count / rounds
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=100)
@@ -209,7 +246,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for mechanism in [m for m in args.without.split(",") if m]:
         runners[f"fedavg_{formats[0]}_without_{mechanism}"] = lambda gate, m=mechanism: run_trainer(
             setting, data, formats[0], True, gate, without=(m,))
-    calls = {}
+    calls, ops = {}, {}
     if args.count_rounds > 0:
         counted = dataclasses.replace(setting, num_rounds=args.count_rounds + 2)
         calls["plain_loop"] = count_python_calls(lambda gate: run_plain(counted, data, gate), args.count_rounds)
@@ -217,12 +254,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
             calls[f"fedavg_{fmt}"] = count_python_calls(
                 lambda gate, fmt=fmt: run_trainer(counted, data, fmt, True, gate), args.count_rounds)
         log("Python calls per round: " + ", ".join(f"{k} {v:.0f}" for k, v in calls.items()))
+        ops["plain_loop"] = count_tensor_ops(lambda gate: run_plain(counted, data, gate), args.count_rounds)
+        for fmt in formats:
+            ops[f"fedavg_{fmt}"] = count_tensor_ops(
+                lambda gate, fmt=fmt: run_trainer(counted, data, fmt, True, gate), args.count_rounds)
+        log("Tensor operations per round: " + ", ".join(f"{k} {v:.1f}" for k, v in ops.items()))
     load_before = load_average()
     best = bench.lock_step_repeats(runners, args.repeats, "user data")
     runs = best.pop("_runs")
     env = {"load_avg_before": load_before, "load_avg_after": load_average(), "torch_threads": torch.get_num_threads(),
            "setting": dataclasses.asdict(setting), "model_parameters": sum(p.numel() for p in fresh_model(setting).parameters()),
-           "python_calls_per_round": {k: round(v, 1) for k, v in calls.items()}}
+           "python_calls_per_round": {k: round(v, 1) for k, v in calls.items()},
+           "tensor_ops_per_round": {k: round(v, 1) for k, v in ops.items()}}
     records = []
     for name, timing in best.items():
         if name == "plain_loop":

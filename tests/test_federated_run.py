@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_fedflat import FedTrainingArguments, FederatedTrainer
+from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer
 from hf_fedflat.federation import list_checkpoints
 from hf_fedflat.federation.checkpoint import CheckpointError
 
@@ -228,3 +228,38 @@ def test_the_run_writes_partition_files_and_the_model_card_through_callbacks(tmp
     trainer.train()
     assert not (tmp_path / "partition.json").exists() and not (tmp_path / "final_model" / "README.md").exists()
     assert (tmp_path / "final_model" / "federated_config.json").exists()
+
+
+class HistoryFileReader(FederatedCallback):
+    """What ``history.json`` holds at each round's end (its rounds), and a failure at round ``fail_at``."""
+
+    def __init__(self, path, fail_at=None):
+        self.path, self.fail_at, self.seen = path, fail_at, []
+
+    def on_round_end(self, trainer, round_index, record, **kwargs):
+        self.seen.append([r["round"] for r in json.loads(self.path.read_text())] if self.path.exists() else None)
+        if round_index + 1 == self.fail_at:
+            raise RuntimeError("stop here")
+
+
+def test_history_file_is_throttled_between_rounds_that_need_it_and_complete_at_every_exit(tmp_path, monkeypatch):
+    import hf_fedflat.federation.loop as loop
+
+    monkeypatch.setattr(loop, "HISTORY_INTERVAL", 1e9)  # no round is a second after the last write
+    reader = HistoryFileReader(tmp_path / "history.json")
+    _, output = run(tmp_path, fed_algorithm="fedavg", num_rounds=6, local_steps=1, save_every_n_rounds=3,
+                    callbacks=[reader])
+    # written after the first round, the checkpointed third and the last; complete at the end
+    assert reader.seen == [[1], [1], [1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3, 4, 5, 6]]
+    assert json.loads((tmp_path / "history.json").read_text()) == json.loads(json.dumps(output.history, default=str))
+    # a run that raises: the rounds recorded so far are written on the way out
+    failing = HistoryFileReader(tmp_path / "failing" / "history.json", fail_at=4)
+    with pytest.raises(RuntimeError, match="stop here"):
+        run(tmp_path / "failing", fed_algorithm="fedavg", num_rounds=6, local_steps=1, callbacks=[failing])
+    assert failing.seen == [[1], [1], [1], [1]]
+    assert [r["round"] for r in json.loads((tmp_path / "failing" / "history.json").read_text())] == [1, 2, 3, 4]
+    # with the interval passed, every round writes
+    monkeypatch.setattr(loop, "HISTORY_INTERVAL", 0.0)
+    every = HistoryFileReader(tmp_path / "every" / "history.json")
+    run(tmp_path / "every", fed_algorithm="fedavg", num_rounds=3, local_steps=1, callbacks=[every])
+    assert every.seen == [[1], [1, 2], [1, 2, 3]]

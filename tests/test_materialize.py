@@ -219,3 +219,19 @@ def test_python_calls_per_round_are_counted_over_the_rounds_asked_and_repeat_exa
     library = b.count_python_calls(lambda gate: b.run_trainer(setting, data, "torch", True, gate), 2)
     assert library > 0 and library != plain[0]  # (another loop, another count: fewer or more)
     assert sys.getprofile() is None  # the counter is off again
+
+
+def test_tensor_ops_per_round_are_counted_over_the_rounds_asked_and_repeat_exactly(user_data_bench):
+    """The benchmark's tensor-operation count (``count_tensor_ops``): the same code gives the same number, rounds 1..N
+    only, and the mode is popped again."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    b = user_data_bench
+    setting = b.Setting(num_rounds=4, num_clients=12, clients_per_round=3)
+    data = b.load(setting)
+    plain = [b.count_tensor_ops(lambda gate: b.run_plain(setting, data, gate), rounds) for rounds in (2, 2, 3)]
+    assert plain[0] == plain[1] > 0
+    assert plain[2] != plain[0]
+    library = b.count_tensor_ops(lambda gate: b.run_trainer(setting, data, "torch", True, gate), 2)
+    assert library > 0 and library != plain[0]
+    assert _get_current_dispatch_mode() is None

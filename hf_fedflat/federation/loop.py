@@ -40,6 +40,9 @@ from .wire import decode_gathered, encode_updates
 
 logger = logging.getLogger(__name__)
 
+# history.json is rewritten at most this often (seconds) between eventful rounds (see RecordLog)
+HISTORY_INTERVAL = 1.0
+
 
 def aggregation_weights(updates, scheme: str) -> torch.Tensor:
     """``p_i``: uniform, or proportional to the clients' sample counts; summing to 1."""
@@ -53,18 +56,22 @@ def aggregation_weights(updates, scheme: str) -> torch.Tensor:
 def run_rounds(trainer, resume=None) -> FederatedTrainOutput:
     """Run ``args.num_rounds`` rounds of ``trainer`` (a ``FederatedTrainer``) and save the final model."""
     space = trainer.space
+    # atomic, not fsynced (every checkpoint holds the history durably); after a round when a second has passed since
+    # the last write, and after the first, the last and every checkpointed round (and what is pending at any exit)
+    history_file = RecordLog(os.path.join(trainer.args.output_dir, "history.json"), None, HISTORY_INTERVAL)
     # model-sized vectors (weights, updates, directions) reuse their memory from client to client
     with recycle_vectors(space.numel, space.dtype, space.device):
-        return _run(trainer, resume)
+        try:
+            return _run(trainer, resume, history_file)
+        finally:
+            history_file.flush()
 
 
-def _run(trainer, resume) -> FederatedTrainOutput:
+def _run(trainer, resume, history_file) -> FederatedTrainOutput:
     args, comm, strategy = trainer.args, trainer.comm, trainer.strategy
     start_round, wall_offset = _start(trainer, resume) if comm.is_main else (0, 0.0)
     start_round = comm.broadcast_object(start_round)
     reporter = RoundReporter(args, trainer.model) if comm.is_main else None
-    # rewritten every round: atomic, not fsynced (every checkpoint holds the history durably)
-    history_file = RecordLog(os.path.join(args.output_dir, "history.json"))
     progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", dynamic_ncols=True,
                     disable=not comm.is_main or args.disable_tqdm)
     run_start = time.perf_counter()
@@ -97,10 +104,11 @@ def _run(trainer, resume) -> FederatedTrainOutput:
             record["wall_seconds"] = wall_offset + time.perf_counter() - run_start
             record.update(trainer.diagnostics.target_metrics(record))
             trainer.history.append(record)
-            history_file.write(trainer.history)
+            saves = args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0
+            history_file.write(trainer.history, force=saves or round_index in (start_round, args.num_rounds - 1))
             reporter.log(round_index + 1, {k: v for k, v in record.items() if k not in ("round", "clients")})
             progress.set_postfix({k: f"{record[k]:.4f}" for k in ("eval_accuracy", "train_loss") if k in record})
-            if args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0:
+            if saves:
                 trainer.checkpoints.save(round_index + 1, strategy.model(), strategy.server_state(), trainer.store,
                                          trainer.history, record["wall_seconds"])
             trainer.call_callbacks("on_round_end", round_index, record)

@@ -164,8 +164,19 @@ def direct_clipping(trainer, parameters: list[torch.Tensor]):
     ):
         return trainer._clip_grad_norm
     max_norm = float(trainer.args.max_grad_norm)
+    cached = getattr(trainer, "_lean_loop_clip", None)  # (the same parameter list every client: _model_lists)
+    if cached is not None and cached[0] is parameters and cached[1] == max_norm:
+        return cached[2]
     if any(type(p) is not torch.nn.Parameter and not type(p) is torch.Tensor for p in parameters):
         return trainer._clip_grad_norm  # e.g. DTensor parameters (sharded): accelerate groups them by mesh
+    clip = _foreach_clipping(parameters, max_norm)
+    trainer._lean_loop_clip = (parameters, max_norm, clip)
+    return clip
+
+
+def _foreach_clipping(parameters: list[torch.Tensor], max_norm: float):
+    """``clip_grad_norm_(parameters, max_norm)``: its foreach operations without its grouping where every parameter
+    has one device and dtype with foreach kernels (and the step's gradients are plain tensors), else the function."""
     groups = {(p.device, p.dtype) for p in parameters}
 
     def torch_clip(model):
