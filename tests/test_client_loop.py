@@ -272,3 +272,49 @@ def test_direct_clipping_leaves_mixed_dtypes_to_torch(monkeypatch):
     client_loop.direct_clipping(_clip_trainer(1.0), params)(None)
     assert calls == [1]
     assert abs(float(torch.cat([p.grad.double() for p in params]).norm()) - 1.0) < 1e-5
+
+
+def test_direct_optimizer_step_is_the_torch_step_where_accelerates_wrapper_adds_nothing():
+    import warnings
+
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = Accelerator(cpu=True).prepare(torch.optim.SGD(model.parameters(), lr=0.5))
+    assert type(optimizer) is AcceleratedOptimizer
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    step = client_loop.direct_optimizer_step(optimizer)
+    assert step != optimizer.step  # (a bound method compares equal to itself, not to the direct step)
+    before = model.weight.detach().clone()
+    model(torch.ones(4, 3)).sum().backward()
+    expected = before - 0.5 * model.weight.grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when the scheduler steps before a flagged optimizer step
+        step()
+        scheduler.step()
+    assert torch.equal(model.weight.detach(), expected) and optimizer.param_groups[0]["lr"] == 0.25
+    optimizer.scaler = object()  # a gradient scaler: accelerate's step does more
+    assert client_loop.direct_optimizer_step(optimizer) == optimizer.step
+    optimizer.scaler = None
+
+    class Wrapped(AcceleratedOptimizer):  # a subclass may override step
+        pass
+
+    optimizer.__class__ = Wrapped
+    assert client_loop.direct_optimizer_step(optimizer) == optimizer.step
+
+
+def test_the_lean_loop_steps_past_accelerates_optimizer_wrapper(monkeypatch):
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    calls = []
+    real = AcceleratedOptimizer.step
+    monkeypatch.setattr(AcceleratedOptimizer, "step", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    with tempfile.TemporaryDirectory() as tmp:
+        with runtime.fast_path(True):
+            _, lean_clients = run(tmp + "/lean", TRAIN, local_steps=2, num_rounds=2)
+        assert lean_clients == 6 and calls == []
+        with runtime.fast_path(True, without=["client_loop"]):
+            run(tmp + "/loop", TRAIN, local_steps=2, num_rounds=2)
+        assert len(calls) == 6 * 2  # the Trainer's loop: through the wrapper, every step
