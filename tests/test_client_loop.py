@@ -213,8 +213,8 @@ def test_the_lean_loop_builds_no_scheduler_for_a_constant_schedule(schedule, bui
     and steps none (its weights are the Trainer loop's: the test above); any other schedule is built and stepped."""
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
-        trainer = create_trainer(DropoutClassifier(), FedTrainingArguments(**settings(
-            tmp, local_steps=3, lr_scheduler_type=schedule, lr_decay_per_round=0.5)), TRAIN, TEST, label_column="labels")
+        args = FedTrainingArguments(**settings(tmp, local_steps=3, lr_scheduler_type=schedule, lr_decay_per_round=0.5))
+        trainer = create_trainer(DropoutClassifier(), args, TRAIN, TEST, label_column="labels")
         trainer.train()
         client = trainer.client_trainer
         assert client.lean_loop_clients == 12
