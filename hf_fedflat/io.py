@@ -322,7 +322,6 @@ class RecordLog:
         self._source: list | None = None
         self._lines: list[str] = []
         self._written_at: float | None = None
-        self._pending = False
 
     def write(self, records: list, durable: bool = False, force: bool = True) -> bool:
         """Rewrite the file with ``records``; with ``force=False``, only if ``min_interval_seconds`` have passed
@@ -331,16 +330,15 @@ class RecordLog:
             self._source, self._lines = records, []
         now = time.monotonic()
         if not force and self._written_at is not None and now - self._written_at < self.min_interval_seconds:
-            self._pending = True
             return False
         self._lines.extend(_encode_record(r) for r in records[len(self._lines):])
         _write_lines(self._lines, self.path, durable, self.root)
-        self._written_at, self._pending = now, False
+        self._written_at = now
         return True
 
     def flush(self, durable: bool = False) -> None:
         """Write the records left pending by a throttled :meth:`write`, if any."""
-        if self._pending:
+        if self._source is not None and len(self._lines) < len(self._source):  # records appended since the last write
             self.write(self._source, durable)
 
 
