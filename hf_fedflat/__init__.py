@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._lazy import attach, exported_names
-from .decentralized import presets as _decentralized_presets  # noqa: F401  (registers the d* presets)
+from . import algorithms as _algorithms  # noqa: F401  (registers every piece and preset)
 
 __version__ = "0.1.0"
 

@@ -1,6 +1,8 @@
-"""The named algorithms, one registry line each (see ALGORITHMS.md, "Named algorithms").
+"""The named algorithms, server and decentralized, one registry line each (see ALGORITHMS.md, "Named algorithms"
+and "Decentralized").
 
-Any preset also takes the FedGH plug-in as a suffix: ``fedlesam_s+fedgh``.
+Any server preset also takes the FedGH plug-in as a suffix: ``fedlesam_s+fedgh``. Defaults apply only to fields
+the user left unset.
 """
 
 from .registry import AlgorithmSpec, register_preset
@@ -59,7 +61,7 @@ for spec in (
 ):
     register_preset(spec)
 
-# --- the seeds' other baselines (issue 19) --------------------------------------------------------------------
+# --- the seeds' other baselines ---------------------------------------------------------------------------
 for spec in (
     AlgorithmSpec("moon", "none", ("moon",), "mean",
                   "Model-contrastive loss pulling the representation to the global model's, away from the previous "
@@ -89,3 +91,31 @@ register_preset(AlgorithmSpec(
     "full-batch gradients at the global model.",
     "Karimireddy et al., Breaking the centralized barrier for cross-device federated learning (Mime), NeurIPS 2021",
     defaults=UNIFORM))
+
+# --- decentralized: perturbation x gossip (no server); local step, sampling and gossip are shared code ----------
+#: the seeds' decentralized set-up: every client trains every round (only the server baselines sample 10%)
+FULL = {"decentralized_participation": "full"}
+
+for spec in (
+    AlgorithmSpec("dfedavg", "none", (), "gossip", "Local SGD steps, then gossip with the neighbours.",
+                  "Sun et al., Decentralized Federated Averaging, IEEE TPAMI 2022", defaults=FULL),
+    # torch SGD's momentum (dampening 0) is heavy ball: b <- 0.9 b + d, w <- w - lr b. The local optimizer is
+    # rebuilt for every client every round, so the momentum buffer starts from zero each round.
+    AlgorithmSpec("dfedavgm", "none", (), "gossip",
+                  "Local SGD with heavy-ball momentum (reset every round), then gossip.",
+                  "Sun et al., Decentralized Federated Averaging, IEEE TPAMI 2022",
+                  defaults={"optim_args": "momentum=0.9", **FULL}),
+    # the paper: every client steps every iteration
+    AlgorithmSpec("dpsgd", "none", (), "gossip", "One local SGD step per gossip step (adapt-then-combine D-PSGD).",
+                  "Lian et al., Can Decentralized Algorithms Outperform Centralized Algorithms?, NeurIPS 2017",
+                  defaults={"local_steps": 1, **FULL}),
+    AlgorithmSpec("dfedsam", "sam", (), "gossip", "Local SAM steps, then gossip.",
+                  "Shi et al., Improving the Model Consistency of Decentralized Federated Learning, ICML 2023",
+                  defaults={"rho": 0.05, **FULL}),
+    # the seed: every client runs its local steps every round; rho searched in {0.05, ..., 2.0} (0.1 here)
+    AlgorithmSpec("dfedgam", "gam_first_order", (), "gossip",
+                  "Local first-order-flatness GAM steps (delta = rho*Hg/||Hg||, d = grad F(w + delta)), then gossip.",
+                  "DFedGAM (2025, seed paper), eq. (7)-(8) and Algorithm 1: decentralized gradient norm aware "
+                  "minimization", defaults={"rho": 0.1, **FULL}),
+):
+    register_preset(spec)

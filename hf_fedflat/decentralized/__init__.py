@@ -1,7 +1,8 @@
 """Decentralized federated learning: topologies, gossip, the gossip round strategy and its trainer.
 
-Importing this package registers the ``gossip`` aggregator and the presets ``dfedavg``, ``dfedavgm``,
-``dpsgd``, ``dfedsam`` and ``dfedgam``; the other names load on first use.
+The ``gossip`` aggregator and the presets ``dfedavg``, ``dfedavgm``, ``dpsgd``, ``dfedsam`` and ``dfedgam`` are
+registered with the others (:mod:`hf_fedflat.aggregators`, :mod:`hf_fedflat.algorithms.presets`); the names below
+load on first use.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import attach, exported_names
-from . import presets as _presets  # noqa: F401
 
 _EXPORTS = {
     "..aggregators.gossip": ("GOSSIP_KEY", "GossipAggregator", "gossip_rows", "is_decentralized"),
