@@ -22,7 +22,7 @@ _EXPORTS = {
     ".federation.checkpoint": ("CheckpointError",),
     ".federation.comm": ("init_federated_process_group as init_process_group",),
     ".federation.outcome": ("TrainingFailedError",),
-    ".data.validation": ("InvalidInputError",),
+    ".data.input_checks": ("InvalidInputError",),
     ".training": ("ClientTrainer", "ParameterSpace"),
 }
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .config import FedTrainingArguments
     from .decentralized import DecentralizedTrainer, create_trainer
     from .federation import FederatedCallback, FederatedTrainer, FederatedTrainOutput
-    from .data.validation import InvalidInputError
+    from .data.input_checks import InvalidInputError
     from .federation.checkpoint import CheckpointError
     from .federation.comm import init_federated_process_group as init_process_group
     from .federation.outcome import TrainingFailedError

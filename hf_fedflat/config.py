@@ -40,7 +40,7 @@ from .diagnostics.arguments import DiagnosticsArguments, parse_diagnostics
 from .runtime.arguments import ConcurrencyArguments
 from .state.arguments import ClientStateArguments
 from .trainer_fields import check_trainer_fields
-from .validation import check_choice, check_integer, check_number, fail
+from .field_checks import check_choice, check_integer, check_number, fail
 
 __all__ = ["FedTrainingArguments", "include_fields"]
 

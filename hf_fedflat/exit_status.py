@@ -16,7 +16,7 @@ EXIT_BAD_INPUT = 2
 def input_error_types() -> tuple[type[Exception], ...]:
     """Errors about the user's settings, files, data or Hub access; each message names the field, file or repo."""
     from .data.images import DatasetUnavailableError
-    from .data.validation import InvalidInputError
+    from .data.input_checks import InvalidInputError
     from .federation.checkpoint import CheckpointError
     from .hub.push import HubAccessError
     from .io import IncompleteSaveError, UnsafeWritePathError

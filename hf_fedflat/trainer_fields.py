@@ -23,7 +23,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from .validation import check_choice, check_integer, check_number, fail
+from .field_checks import check_choice, check_integer, check_number, fail
 
 __all__ = ["INHERITED_CHECKS", "REFUSED_TRAINER_FIELDS", "RefusedField", "check_output_dir", "check_trainer_fields",
            "coerce_field_types"]

@@ -1,4 +1,4 @@
-"""Labels and inputs are checked against the model once, before any round (issue 17, item 3).
+"""Labels and inputs are checked against the model once, before any round.
 
 Each bad input is refused by ``FederatedTrainer(...)`` itself (no round runs) with an error that names the split,
 the column and the count of bad rows; ``drop_invalid_rows`` drops exactly those rows, records the counts
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hf_fedflat import FedTrainingArguments, FederatedCallback, FederatedTrainer
-from hf_fedflat.data.validation import (
+from hf_fedflat.data.input_checks import (
     InvalidInputError,
     model_label_space,
     num_labels_from_data,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # the checks every configuration dataclass shares (their messages start with the field's name)
-from ..validation import check_choice, check_integer, check_number, fail  # noqa: F401
+from ..field_checks import check_choice, check_integer, check_number, fail  # noqa: F401
 
 
 def hyperparameter(default: Any, help: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..validation import check_choice, check_integer, check_number
+from ..field_checks import check_choice, check_integer, check_number
 from .partition import SCHEMES
 
 __all__ = ["DEFAULT_SPLIT_SEED", "DataArguments", "PartitionArguments"]
@@ -140,7 +140,7 @@ class DataArguments:
     drop_invalid_rows: bool = field(
         default=False,
         metadata={"help": "Drop the rows whose labels or inputs do not fit the model (a label < 0 other than -100 or "
-                          ">= num_labels, every label -100, a NaN/Inf input; hf_fedflat.data.validation) instead of "
+                          ">= num_labels, every label -100, a NaN/Inf input; hf_fedflat.data.input_checks) instead of "
                           "refusing the run; the counts are logged and recorded in data_validation.json."},
     )
 

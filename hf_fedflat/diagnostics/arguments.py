@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..validation import check_integer, check_number, fail
+from ..field_checks import check_integer, check_number, fail
 
 __all__ = ["DIAGNOSTICS", "DiagnosticsArguments", "parse_diagnostics"]
 

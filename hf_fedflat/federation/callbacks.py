@@ -31,7 +31,7 @@ def run_entries(args) -> list[str]:
 class PartitionFilesCallback(FederatedCallback):
     """Writes ``partition.json`` (per-client indices and label counts) and ``partition_heatmap.png`` into
     ``output_dir`` when the run starts (every trainer adds it), and ``data_validation.json`` (what the input
-    check found and dropped, :mod:`hf_fedflat.data.validation`).
+    check found and dropped, :mod:`hf_fedflat.data.input_checks`).
 
     Before writing anything it refuses a symbolic link among the run's own entries of ``output_dir``
     (:data:`RUN_ENTRIES`, the client-state folder, and anything inside them): a link planted there would make

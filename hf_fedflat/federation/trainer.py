@@ -90,9 +90,9 @@ class FederatedTrainer(TrainerAPI):
             reached here, before any round: :class:`~hf_fedflat.hub.push.HubAccessError` when it cannot be).
         lora_save: for a LoRA (peft) model, save the final model ``"merged"`` into the base weights or as the
             ``"adapter"`` (+ head) only.
-        drop_invalid_rows: rows whose labels or inputs do not fit the model (:mod:`hf_fedflat.data.validation`,
+        drop_invalid_rows: rows whose labels or inputs do not fit the model (:mod:`hf_fedflat.data.input_checks`,
             checked here, before any round) are dropped and counted (``self.input_report``) instead of refused
-            with an :class:`~hf_fedflat.data.validation.InvalidInputError`.
+            with an :class:`~hf_fedflat.data.input_checks.InvalidInputError`.
     """
 
     #: whether this trainer runs decentralized aggregators (gossip); see hf_fedflat.decentralized
@@ -118,7 +118,7 @@ class FederatedTrainer(TrainerAPI):
         self.args = args
         self.comm = get_process_group()
         self.algorithm = build_algorithm(args)
-        from ..data.validation import validate_inputs  # labels and inputs against the model, once
+        from ..data.input_checks import validate_inputs  # labels and inputs against the model, once
 
         train_dataset, eval_dataset, partition, self.input_report = validate_inputs(
             model, train_dataset, eval_dataset, label_column=label_column, partition=partition,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..validation import check_integer
+from ..field_checks import check_integer
 
 __all__ = ["ConcurrencyArguments"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..validation import check_choice, check_number, fail
+from ..field_checks import check_choice, check_number, fail
 
 __all__ = ["CLIENT_STATE_STORES", "ClientStateArguments"]
 
