@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 from .._lazy import attach, exported_names
 
 _EXPORTS = {
-    ".callbacks": ("FederatedCallback", "PartitionFilesCallback", "RoundReporter"),
+    "..callbacks": ("FederatedCallback",),
     ".checkpoint": ("CheckpointError", "list_checkpoints", "load_checkpoint"),
     ".client": ("ClientStart", "FailurePolicy", "LocalTraining"),
     ".comm": ("FederatedProcessGroup", "get_process_group", "init_federated_process_group"),
     ".load_balance": ("ClientCostModel", "assign_to_processes", "local_work"),
     ".loop": ("run_rounds",),
     ".outcome": ("FederatedTrainOutput", "TrainingFailedError"),
+    ".reporting": ("PartitionFilesCallback", "RoundReporter"),
     "..sampling": ("derive_seed", "sample_clients"),
     ".strategy": ("ServerStrategy", "Strategy"),
     ".trainer": ("FederatedTrainer", "accuracy_metrics", "local_training_arguments"),
@@ -23,13 +24,14 @@ __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
 __all__ = exported_names(_EXPORTS)
 
 if TYPE_CHECKING:
+    from ..callbacks import FederatedCallback
     from ..sampling import derive_seed, sample_clients
-    from .callbacks import FederatedCallback, PartitionFilesCallback, RoundReporter
     from .checkpoint import CheckpointError, list_checkpoints, load_checkpoint
     from .client import ClientStart, FailurePolicy, LocalTraining
     from .comm import FederatedProcessGroup, get_process_group, init_federated_process_group
     from .load_balance import ClientCostModel, assign_to_processes, local_work
     from .loop import run_rounds
     from .outcome import FederatedTrainOutput, TrainingFailedError
+    from .reporting import PartitionFilesCallback, RoundReporter
     from .strategy import ServerStrategy, Strategy
     from .trainer import FederatedTrainer, accuracy_metrics, local_training_arguments

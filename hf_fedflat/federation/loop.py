@@ -31,10 +31,10 @@ from tqdm.auto import tqdm
 
 from ..io import RecordLog
 from ..runtime.vectors import recycle_vectors
-from .callbacks import RoundReporter
 from .load_balance import assign_to_processes
 from .outcome import FederatedTrainOutput, TrainingFailedError, untrained_reason, write_run_status
 from .parent import ParentWatch
+from .reporting import RoundReporter
 from .strategy import NonFiniteServerStep
 from .wire import decode_gathered, encode_updates
 

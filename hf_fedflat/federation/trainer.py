@@ -17,6 +17,7 @@ import torch
 from transformers import TrainingArguments
 
 from ..algorithms import ClientUpdate, build_algorithm
+from ..callbacks import FederatedCallback
 from ..config import FedTrainingArguments
 from ..diagnostics import RunDiagnostics
 from ..hub.push import HubPushCallback, ModelCardCallback
@@ -24,13 +25,13 @@ from ..io import atomic_save_safetensors, atomic_write_json
 from ..metrics import accuracy_metrics
 from ..state import create_client_state_store
 from ..training import BufferSpace, ClientTrainer
-from .callbacks import FederatedCallback, PartitionFilesCallback
 from .checkpoint import RunCheckpoints
 from .client import FailurePolicy, LocalTraining
 from .comm import get_process_group, quiet_process_group_warning
 from .load_balance import ClientCostModel
 from .loop import run_rounds
 from .outcome import FederatedTrainOutput, TrainingFailedError
+from .reporting import PartitionFilesCallback
 from .strategy import ServerStrategy
 from .trainer_api import TrainerAPI, train_metrics
 

@@ -1,4 +1,5 @@
-"""The run's own callbacks (partition files) and report_to logging; the base is :mod:`hf_fedflat.callbacks`."""
+"""What a run reports besides its history: the partition files (a callback every trainer adds) and the
+per-round ``report_to`` logging. The callback base is :mod:`hf_fedflat.callbacks`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from transformers.integrations import get_reporting_integration_callbacks
 
 from ..callbacks import FederatedCallback
 
-__all__ = ["RUN_ENTRIES", "FederatedCallback", "PartitionFilesCallback", "RoundReporter"]
+__all__ = ["RUN_ENTRIES", "PartitionFilesCallback", "RoundReporter", "run_entries"]
 
 #: what a run writes into its output_dir (files and folders); none of them may be a symbolic link
 RUN_ENTRIES = ("partition.json", "partition_heatmap.png", "data_validation.json", "history.json", "run_status.json",
