@@ -17,10 +17,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     ".algorithms": ("AlgorithmSpec", "FederatedAlgorithm", "build_algorithm", "get_preset", "list_algorithms"),
     ".config": ("FedTrainingArguments",),
-    ".decentralized": ("DecentralizedTrainer", "create_trainer"),
+    ".decentralized": ("DecentralizedTrainer",),
     ".federation": ("FederatedCallback", "FederatedTrainer", "FederatedTrainOutput"),
     ".federation.checkpoint": ("CheckpointError",),
     ".federation.comm": ("init_federated_process_group as init_process_group",),
+    ".federation.factory": ("create_trainer",),
     ".federation.outcome": ("TrainingFailedError",),
     ".data.input_checks": ("InvalidInputError",),
     ".training": ("ClientTrainer", "ParameterSpace"),
@@ -31,10 +32,11 @@ __all__ = [*exported_names(_EXPORTS), "__version__"]
 if TYPE_CHECKING:
     from .algorithms import AlgorithmSpec, FederatedAlgorithm, build_algorithm, get_preset, list_algorithms
     from .config import FedTrainingArguments
-    from .decentralized import DecentralizedTrainer, create_trainer
+    from .decentralized import DecentralizedTrainer
     from .federation import FederatedCallback, FederatedTrainer, FederatedTrainOutput
     from .data.input_checks import InvalidInputError
     from .federation.checkpoint import CheckpointError
     from .federation.comm import init_federated_process_group as init_process_group
+    from .federation.factory import create_trainer
     from .federation.outcome import TrainingFailedError
     from .training import ClientTrainer, ParameterSpace

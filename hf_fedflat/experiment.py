@@ -117,7 +117,7 @@ def build_experiment(
     Shakespeare's roles) sets ``num_clients`` to their number. With ``push_to_hub`` a
     :class:`~hf_fedflat.hub.HubPushCallback` is added (unless one is given) with the dataset's card details.
     """
-    from .federation.callbacks import run_entries
+    from .federation.reporting import run_entries
     from .hub import HubPushCallback
     from .io import refuse_symlinks_in
 
@@ -150,7 +150,7 @@ def build_experiment(
     if getattr(args, "push_to_hub", False) and not any(isinstance(c, HubPushCallback) for c in callbacks):
         data_config = {"mean": data.mean, "std": data.std} if data.mean and data.std else None
         callbacks.append(HubPushCallback(card_kwargs=card_kwargs, data_config=data_config))
-    from .decentralized import create_trainer  # a server loop, or gossip for a decentralized aggregator
+    from .federation.factory import create_trainer  # a server loop, or gossip for a decentralized aggregator
 
     extra = {k: v for k, v in (("processing_class", processing_class),
                                ("data_collator", getattr(data, "data_collator", None)),

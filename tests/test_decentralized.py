@@ -15,7 +15,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from hf_fedflat import DecentralizedTrainer, FederatedCallback, FedTrainingArguments, FederatedTrainer, get_preset
-from hf_fedflat.decentralized import GossipAggregator, Topology, trainer_class_for
+from hf_fedflat.decentralized import GossipAggregator, Topology
+from hf_fedflat.federation.factory import trainer_class_for
 from hf_fedflat.aggregators.gossip import GossipConfig
 from hf_fedflat.federation.outcome import TrainingFailedError
 

@@ -18,8 +18,8 @@ _EXPORTS = {
         "metropolis_hastings", "random_k_out", "random_regular", "ring", "spectral_gap",
         "uniform_neighbour_weights", "validate_mixing_matrix",
     ),
-    ".strategy": ("GossipStrategy",),
-    ".trainer": ("DecentralizedTrainer", "create_trainer", "trainer_class_for"),
+    ".decentralized_trainer": ("DecentralizedTrainer",),
+    ".gossip_strategy": ("GossipStrategy",),
 }
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
 __all__ = exported_names(_EXPORTS)
@@ -41,5 +41,5 @@ if TYPE_CHECKING:
         uniform_neighbour_weights,
         validate_mixing_matrix,
     )
-    from .strategy import GossipStrategy
-    from .trainer import DecentralizedTrainer, create_trainer, trainer_class_for
+    from .decentralized_trainer import DecentralizedTrainer
+    from .gossip_strategy import GossipStrategy

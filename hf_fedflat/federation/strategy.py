@@ -16,7 +16,7 @@ A :class:`Strategy` answers, for the loop in :mod:`hf_fedflat.federation.loop`:
 - ``fingerprint``: settings a checkpoint of this strategy must match.
 
 :class:`ServerStrategy` is server FL (a global model ``w^t``, aggregated by the algorithm's server step);
-``hf_fedflat.decentralized.strategy.GossipStrategy`` keeps one model per client and gossips.
+``hf_fedflat.decentralized.gossip_strategy.GossipStrategy`` keeps one model per client and gossips.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""``DecentralizedTrainer``: the federated trainer with :class:`~.strategy.GossipStrategy` as its round strategy.
+"""``DecentralizedTrainer``: the federated trainer with :class:`~.gossip_strategy.GossipStrategy` as its round
+strategy.
 
 Every client keeps its own model; a round ends with gossip, not a server step (see
-:mod:`hf_fedflat.decentralized.strategy`). The loop, client training, failure policy, checkpoints and
-callbacks are the federated trainer's, unchanged.
+:mod:`hf_fedflat.decentralized.gossip_strategy`). The loop, client training, failure policy, checkpoints and
+callbacks are the federated trainer's, unchanged. Which of the two trainers a run needs is
+:func:`hf_fedflat.federation.factory.trainer_class_for`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from ..algorithms.registry import split_plugins
 from ..config import FedTrainingArguments
 from ..federation.trainer import FederatedTrainer
 from ..aggregators.gossip import is_decentralized
-from .strategy import GossipStrategy
+from .gossip_strategy import GossipStrategy
 
 
 class DecentralizedTrainer(FederatedTrainer):
@@ -41,7 +43,7 @@ class DecentralizedTrainer(FederatedTrainer):
     def __init__(self, model: torch.nn.Module, args: FedTrainingArguments, train_dataset, eval_dataset=None, *,
                  local_eval_models: int | None = None, **kwargs):
         super().__init__(model, args, train_dataset, eval_dataset, **kwargs)
-        aggregator, plugins = _aggregator_parts(args)
+        aggregator, plugins = aggregator_parts(args)
         if not is_decentralized(AGGREGATORS[aggregator]):
             raise ValueError(
                 f"aggregator: {aggregator!r} updates a global model on a server; DecentralizedTrainer needs a "
@@ -86,26 +88,7 @@ class DecentralizedTrainer(FederatedTrainer):
         return self.strategy.evaluate_local_models(self.evaluate, client_ids)
 
 
-def trainer_class_for(args: FedTrainingArguments) -> type[FederatedTrainer]:
-    """:class:`DecentralizedTrainer` when the run's aggregator is decentralized, else :class:`FederatedTrainer`."""
-    aggregator, _ = _aggregator_parts(args)
-    return DecentralizedTrainer if is_decentralized(AGGREGATORS[aggregator]) else FederatedTrainer
-
-
-def _aggregator_parts(args) -> tuple[str, tuple[str, ...]]:
+def aggregator_parts(args) -> tuple[str, tuple[str, ...]]:
     """The run's aggregator name and its plug-ins (``"mean+fedgh"`` -> ``("mean", ("fedgh",))``)."""
     _, _, aggregator = resolve_parts(args.fed_algorithm, args.perturbation, args.corrections, args.aggregator)
     return split_plugins(aggregator)
-
-
-def create_trainer(model: torch.nn.Module, args: FedTrainingArguments, train_dataset, eval_dataset=None,
-                   **kwargs) -> FederatedTrainer:
-    """The trainer for ``args``' algorithm (decentralized or not), built like ``FederatedTrainer(...)``.
-
-    Example::
-
-        trainer = create_trainer(model, FedTrainingArguments(..., fed_algorithm="dfedgam", topology="ring"),
-                                 train, test)
-        trainer.train()
-    """
-    return trainer_class_for(args)(model, args, train_dataset, eval_dataset, **kwargs)
