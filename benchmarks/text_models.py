@@ -4,7 +4,7 @@
                                      [--output benchmarks/text_models.json]
 
 Two tasks, each with FedAvg and FedLESAM, ``--rounds`` rounds, evaluation every round, all offline
-(:mod:`hf_fedflat.data.text` writes the models, tokenizers and data):
+(:mod:`hf_fedflat.data.tiny_text` writes the models, tokenizers and data):
 
 * a tiny BERT (hidden 32, 2 layers, word-level vocabulary of ~90) classifying short reviews (``neg``/``pos``)
   from a ``save_to_disk`` copy with 10% of the labels flipped (a ceiling near 90%), one client per user (``--partition_by user_id``): accuracy per round against
@@ -68,7 +68,7 @@ METRIC = {"bert": "eval_accuracy", "llama": "eval_perplexity"}
 
 
 def write_assets(root: str) -> dict[str, str]:
-    from hf_fedflat.data.text import write_instruction_data, write_sentiment_data, write_tiny_model
+    from hf_fedflat.data.tiny_text import write_instruction_data, write_sentiment_data, write_tiny_model
 
     return {"bert_model": write_tiny_model(os.path.join(root, "bert"), "bert"),
             "llama_model": write_tiny_model(os.path.join(root, "llama"), "llama"),

@@ -54,7 +54,7 @@ def build_model(model_args: ModelArguments, data: FederatedData, processing_clas
 
 def _create_named_model(model_args: ModelArguments, data: FederatedData):
     from .models import create_model
-    from .models.text import TEXT_MODELS
+    from .models.next_char import TEXT_MODELS
 
     if model_args.model_name in TEXT_MODELS:
         vocab_size = getattr(data, "vocab_size", None) or data.num_classes  # next-token models: classes = vocabulary

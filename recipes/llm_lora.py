@@ -56,7 +56,7 @@ SMOKE = [
 
 def write_smoke_assets(root: str) -> None:
     """The tiny Llama + tokenizer and the Alpaca-format rows the ``--smoke`` flags point at (offline)."""
-    from hf_fedflat.data.text import write_instruction_data, write_tiny_model
+    from hf_fedflat.data.tiny_text import write_instruction_data, write_tiny_model
 
     write_tiny_model(os.path.join(root, "model"), "llama")
     write_instruction_data(os.path.join(root, "data"), rows=160)

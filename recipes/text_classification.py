@@ -53,7 +53,7 @@ SMOKE = [
 
 def write_smoke_assets(root: str) -> None:
     """The tiny BERT + tokenizer and the IMDB-format data the ``--smoke`` flags point at (offline)."""
-    from hf_fedflat.data.text import write_sentiment_data, write_tiny_model
+    from hf_fedflat.data.tiny_text import write_sentiment_data, write_tiny_model
 
     write_tiny_model(os.path.join(root, "model"), "bert")
     write_sentiment_data(os.path.join(root, "imdb"), train_rows=128, test_rows=32)

@@ -22,7 +22,7 @@ import torch
 
 from hf_fedflat.cli import main
 from hf_fedflat.data.partition import ClientPartition, natural_id_partition, partition_dataset
-from hf_fedflat.data.text import write_instruction_data, write_sentiment_data, write_tiny_model
+from hf_fedflat.data.tiny_text import write_instruction_data, write_sentiment_data, write_tiny_model
 
 SEED = 42
 COMMON = ["--num_rounds", "2", "--clients_per_round", "2", "--local_steps", "3", "--optim", "adamw_torch",

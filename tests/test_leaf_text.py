@@ -312,7 +312,7 @@ def test_reddit_smoke_word_lstm_two_rounds_leaf_metrics_recomputed(tmp_path):
 def test_reddit_comments_as_text_for_a_causal_lm(reddit_dir, tmp_path):
     from hf_fedflat.data.arguments import DataArguments
     from hf_fedflat.data.leaf_text import load_reddit_data
-    from hf_fedflat.data.text import train_word_tokenizer, write_tiny_model
+    from hf_fedflat.data.tiny_text import train_word_tokenizer, write_tiny_model
     from hf_fedflat.models.arguments import ModelArguments
 
     tokenizer = train_word_tokenizer("gpt", corpus=["i like dogs w0 w1 w2"])

@@ -12,7 +12,7 @@ import torch
 from transformers import EvalPrediction
 
 from hf_fedflat.data.hf_datasets import build_instruction_features, tokenize_instructions
-from hf_fedflat.data.text import train_word_tokenizer
+from hf_fedflat.data.tiny_text import train_word_tokenizer
 from hf_fedflat.metrics.language_modeling import causal_lm_metrics, token_statistics
 
 

@@ -656,7 +656,7 @@ def write_reddit_smoke(root: str | os.PathLike, *, num_users: int = 5, seed: int
 # the catalog loaders
 # =================================================================================================
 def _smoke_model_dir(smoke_root: Path, architecture: str, corpus: list[str], num_labels: int = 2) -> str:
-    from .text import train_word_tokenizer, write_tiny_model
+    from .tiny_text import train_word_tokenizer, write_tiny_model
 
     style = "bert" if architecture == "bert" else "gpt"
     tokenizer = train_word_tokenizer(style, corpus=corpus, model_max_length=128)
@@ -670,7 +670,7 @@ def load_sent140_data(data_args, model_args, seed: int) -> dict[str, Any]:
     from ..models.auto import load_processing_class
     from .hf_datasets import tokenize_classification
 
-    from ..models.text import TEXT_MODELS
+    from ..models.next_char import TEXT_MODELS
 
     root = data_args.data_dir or data_args.dataset_path
     leaf_model = model_args.model_name_or_path is None and model_args.model_name in TEXT_MODELS

@@ -22,7 +22,7 @@ from .lora import (
 from .modeling import FedFlatClassifierConfig, FedFlatImageClassifier
 from .norms import batchnorm_modules, has_batchnorm
 from .small_cnn import SmallCNN
-from .text import CharLSTMConfig, CharLSTMModel, CharTransformerConfig, CharTransformerModel
+from .next_char import CharLSTMConfig, CharLSTMModel, CharTransformerConfig, CharTransformerModel
 from .word_lm import WordLSTMConfig, WordLSTMModel
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The one entry point for models: ``create_model(name, num_classes, ...)`` and ``load_model(path)``.
 
 Image models are :class:`~hf_fedflat.models.modeling.FedFlatImageClassifier` (``forward(pixel_values,
-labels=None)``); the next-character models of :mod:`hf_fedflat.models.text` take ``input_ids``. Both
+labels=None)``); the next-character models of :mod:`hf_fedflat.models.next_char` take ``input_ids``. Both
 kinds return ``loss`` and ``logits``, so the ``transformers.Trainer`` trains them directly, and both
 save/load as ``config.json`` + ``model.safetensors``. ``load_model`` reads ``config.json`` to pick the
 class, and reloads a LoRA adapter directory onto a base model (:mod:`hf_fedflat.models.lora`).
@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from .backbones import CUSTOM_MODELS, build_backbone, check_model_name
 from .modeling import FedFlatClassifierConfig, FedFlatImageClassifier
-from .text import LEAF_VOCAB_SIZE, TEXT_MODELS
+from .next_char import LEAF_VOCAB_SIZE, TEXT_MODELS
 
 __all__ = ["FEDFLAT_SUBFOLDER", "available_models", "create_model", "load_model", "MODEL_CLASSES"]
 
@@ -89,8 +89,8 @@ def create_model(
             ``num_classes`` is replaced by a fresh one; other models load the file strictly.
         **model_kwargs: Architecture options: timm options such as ``patch_size=8, depth=2,
             embed_dim=64, num_heads=2`` for a tiny ViT (stored in ``config.model_kwargs``, so
-            JSON-serialisable), or the fields of :class:`~hf_fedflat.models.text.CharLSTMConfig` /
-            :class:`~hf_fedflat.models.text.CharTransformerConfig` (``hidden_size``, ``d_model``,
+            JSON-serialisable), or the fields of :class:`~hf_fedflat.models.next_char.CharLSTMConfig` /
+            :class:`~hf_fedflat.models.next_char.CharTransformerConfig` (``hidden_size``, ``d_model``,
             ``num_layers``, ``num_heads``, ``dropout``, ...).
 
     Returns:

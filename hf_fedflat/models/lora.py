@@ -170,7 +170,7 @@ def classification_head_names(model: nn.Module) -> list[str]:
         The names (e.g. ``["backbone.head"]``); empty when no head is recognised.
     """
     from .small_cnn import SmallCNN
-    from .text import CharLSTMModel, CharTransformerModel
+    from .next_char import CharLSTMModel, CharTransformerModel
 
     from .auto import is_auto_model
 
