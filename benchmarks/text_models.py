@@ -88,7 +88,7 @@ def train_argv(task: str, algorithm: str, assets: dict, rounds: int, out: str) -
 def run_federated(task: str, algorithm: str, assets: dict, rounds: int, before_round: RoundGate = no_gate) -> RunTiming:
     """``hf-fedflat train``'s run (``parse_train_args`` + ``run_experiment``), timed per round by ``RoundClock``."""
     from hf_fedflat.cli import parse_train_args
-    from hf_fedflat.experiment import run_experiment
+    from hf_fedflat.cli.experiment import run_experiment
 
     timing = RunTiming(algorithm)
     with tempfile.TemporaryDirectory(prefix=f"hf_fedflat_text_{task}_{algorithm}_") as out:
@@ -129,7 +129,7 @@ def run_plain(task: str, assets: dict, rounds: int, before_round: RoundGate = no
     from transformers import set_seed
 
     from hf_fedflat.cli import parse_train_args
-    from hf_fedflat.experiment import build_experiment
+    from hf_fedflat.cli.experiment import build_experiment
     from hf_fedflat.sampling import derive_seed, sample_clients
 
     with tempfile.TemporaryDirectory(prefix=f"hf_fedflat_text_{task}_plain_") as out:

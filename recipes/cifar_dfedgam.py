@@ -18,7 +18,7 @@ decaying 0.995 per round, 5 local epochs of batch 50, ResNet-18-GN (the seed tra
 model, the mean/std of the local models' accuracies, the consensus distance and the spectral gap.
 """
 
-from hf_fedflat.recipes import run_recipe
+from hf_fedflat.cli.recipes import run_recipe
 
 DEFAULTS = [
     "--dataset_name", "cifar10", "--train_augmentation", "true", "--model_name", "resnet18_gn", "--image_size", "32",
@@ -42,6 +42,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

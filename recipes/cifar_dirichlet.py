@@ -13,7 +13,7 @@ Dirichlet over clients per class (FedML style); ResNet-18 with GroupNorm; SGD lr
 round, weight decay 1e-3, 5 local epochs of batch 50, clipping at 10, random crop + flip; 800 rounds.
 """
 
-from hf_fedflat.recipes import run_recipe
+from hf_fedflat.cli.recipes import run_recipe
 
 DEFAULTS = [
     "--dataset_name", "cifar10", "--train_augmentation", "true", "--model_name", "resnet18_gn", "--image_size", "32",
@@ -35,6 +35,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

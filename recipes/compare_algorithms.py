@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
-from hf_fedflat.comparison import format_markdown, run_comparison, write_comparison
+from hf_fedflat.cli.comparison import format_markdown, run_comparison, write_comparison
 from hf_fedflat.models import create_model
-from hf_fedflat.parsing import parse_arguments
+from hf_fedflat.cli.parsing import parse_arguments
 
 SEVENTEEN = ("fedavg,fedprox,scaffold,feddyn,fedadam,fednova,fedsam,mofedsam,fedgamma,fedsmoo,"
              "fedlesam,fedlesam_s,fedlesam_d,fedgam,fedgam_cv,fedup,fedgh")
@@ -83,6 +83,6 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

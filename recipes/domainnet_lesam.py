@@ -11,7 +11,7 @@ copies on the Hub differ, so there is no default). One domain is the test set, e
 or ``--clients_per_domain`` clients. Model and settings as in ``officehome_lesam.py``.
 """
 
-from hf_fedflat.recipes import run_recipe
+from hf_fedflat.cli.recipes import run_recipe
 
 DEFAULTS = [
     "--dataset_name", "domainnet", "--held_out_domain", "sketch", "--clients_per_domain", "1",
@@ -34,6 +34,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

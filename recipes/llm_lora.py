@@ -32,8 +32,8 @@ from __future__ import annotations
 import os
 import sys
 
-from hf_fedflat.parsing import wants_smoke
-from hf_fedflat.recipes import run_recipe, smoke_asset_flags
+from hf_fedflat.cli.parsing import wants_smoke
+from hf_fedflat.cli.recipes import run_recipe, smoke_asset_flags
 
 DEFAULTS = [
     "--model_name_or_path", "HuggingFaceTB/SmolLM2-135M", "--task", "causal-lm", "--dataset_name", "yahma/alpaca-cleaned",
@@ -76,6 +76,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

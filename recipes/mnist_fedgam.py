@@ -12,7 +12,7 @@ al. (``fedgam_cnn``); FedGAM's rho = 0.02 and alpha = 0.2; SGD lr 0.01, 5 local 
 200 rounds; ``--diagnostics train_accuracy`` logs the train-test gap the paper reports.
 """
 
-from hf_fedflat.recipes import run_recipe
+from hf_fedflat.cli.recipes import run_recipe
 
 DEFAULTS = [
     "--dataset_name", "mnist", "--model_name", "fedgam_cnn", "--image_size", "28",
@@ -32,6 +32,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

@@ -15,7 +15,7 @@ Paper's settings: SGD lr 0.001, 5 local epochs, batch 32, 400 rounds. ``--use_lo
 LoRA adapters + head. Offline without a local copy: pass ``--data_dir`` and ``--pretrained_path``.
 """
 
-from hf_fedflat.recipes import run_recipe
+from hf_fedflat.cli.recipes import run_recipe
 
 DEFAULTS = [
     "--dataset_name", "officehome", "--held_out_domain", "Art", "--clients_per_domain", "1",
@@ -38,6 +38,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

@@ -19,11 +19,11 @@ import sys
 from dataclasses import dataclass, field
 
 from hf_fedflat import FedTrainingArguments, init_process_group
-from hf_fedflat.comparison import format_markdown, run_comparison, write_comparison
+from hf_fedflat.cli.comparison import format_markdown, run_comparison, write_comparison
 from hf_fedflat.data import load_digits_dataset
 from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
 from hf_fedflat.models import create_model
-from hf_fedflat.parsing import explicit_fields, parse_arguments
+from hf_fedflat.cli.parsing import explicit_fields, parse_arguments
 
 logger = logging.getLogger("quickstart")
 
@@ -79,6 +79,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

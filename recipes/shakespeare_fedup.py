@@ -14,7 +14,7 @@ Settings after LEAF: SGD lr 0.8, batch 10, 1 local epoch, 10 clients per round; 
 ``--diagnostics client_accuracy`` logs the per-client mean accuracy FedGH reports on LEAF.
 """
 
-from hf_fedflat.recipes import run_recipe
+from hf_fedflat.cli.recipes import run_recipe
 
 DEFAULTS = [
     "--dataset_name", "shakespeare", "--model_name", "char_lstm", "--fed_algorithm", "fedup",
@@ -33,6 +33,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from hf_fedflat.exit_status import run_command_line
+    from hf_fedflat.cli.exit_codes import run_command_line
 
     run_command_line(main)

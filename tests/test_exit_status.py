@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from hf_fedflat import cli
-from hf_fedflat.exit_status import EXIT_BAD_INPUT, run_command_line
+from hf_fedflat.cli.exit_codes import EXIT_BAD_INPUT, run_command_line
 from hf_fedflat.federation.checkpoint import CheckpointError
 from hf_fedflat.federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
-from hf_fedflat.parsing import ConfigError
+from hf_fedflat.cli.parsing import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cli_bad_field_is_one_line_and_status_2(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("hf_fedflat.experiment.run_experiment",
+    monkeypatch.setattr("hf_fedflat.cli.experiment.run_experiment",
                         lambda *a, **k: pytest.fail("no experiment may start on a refused field"))
     status = cli.main(["train", "--dataset_name", "digits", "--output_dir", str(tmp_path / "run"),
                        "--per_device_train_batch_size", "0"])
@@ -40,7 +40,7 @@ def test_cli_run_errors_map_to_their_status(tmp_path, capsys, monkeypatch, error
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr("hf_fedflat.experiment.run_experiment", fail)
+    monkeypatch.setattr("hf_fedflat.cli.experiment.run_experiment", fail)
     assert cli.main(["train", "--dataset_name", "digits", "--output_dir", str(tmp_path)]) == status
     assert text in capsys.readouterr().err
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from transformers import HfArgumentParser
 
-import hf_fedflat.experiment as experiment_module
+import hf_fedflat.cli.experiment as experiment_module
 from hf_fedflat import FedTrainingArguments
 from hf_fedflat.cli import main, parse_train_args
-from hf_fedflat.parsing import parse_arguments
+from hf_fedflat.cli.parsing import parse_arguments
 from hf_fedflat.trainer_fields import INHERITED_CHECKS, REFUSED_TRAINER_FIELDS, SEED_MAX
 
 from test_recipes import ROOT, load_recipe

@@ -21,7 +21,7 @@ from hf_fixtures import CORPUS, tiny_bert_dir, tiny_gpt2_dir, tiny_llama_dir, ti
 from hf_fedflat import FedTrainingArguments
 from hf_fedflat.data.arguments import DataArguments
 from hf_fedflat.data.catalog import DATASETS, FederatedData
-from hf_fedflat.experiment import build_experiment
+from hf_fedflat.cli.experiment import build_experiment
 from hf_fedflat.models.arguments import ModelArguments
 from hf_fedflat.models.auto import build_auto_model, load_processing_class, resolve_task
 from hf_fedflat.models.lora import LoraArguments, apply_lora

@@ -4,7 +4,7 @@ Every ``import`` / ``from ... import`` statement of every module (at any depth o
 hidden inside a function counts) is an edge; a package's ``__init__`` re-exporting its own children is not
 a cycle. The check is static (``ast``): no module is executed. Two readings:
 
-- module to module (as ``../shared/tools/import_cycles.py`` reads it): ``from ..a.b import x`` is an
+- module to module (as the shared import-cycle tool reads it): ``from ..a.b import x`` is an
   edge to ``a.b`` (and to ``a.b.x`` when that is a module);
 - through packages: importing ``a.b.c`` from outside ``a.b`` first runs ``a/b/__init__.py``, so that
   package (and everything its ``__init__`` imports) is imported too.
@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_fedflat"
 #: the round loop's side of the package: no cycle may go through these even when packages are counted
 LOOP_PACKAGES = ("hf_fedflat.federation", "hf_fedflat.decentralized", "hf_fedflat.diagnostics", "hf_fedflat.hub",
                  "hf_fedflat.metrics", "hf_fedflat.state", "hf_fedflat.callbacks", "hf_fedflat.plots",
-                 "hf_fedflat.comparison")
+                 "hf_fedflat.cli.comparison")
 
 
 def module_files() -> dict[str, Path]:

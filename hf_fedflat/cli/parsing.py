@@ -21,14 +21,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_SUFFIXES", "ConfigError", "build_parser", "explicit_fields", "parse_arguments",
-           "parse_train_arguments", "read_config_file", "split_config", "train_argument_types", "wants_smoke"]
+__all__ = ["CONFIG_SUFFIXES", "ConfigError", "TRAIN_DESCRIPTION", "build_parser", "explicit_fields", "parse_arguments",
+           "parse_train_args", "parse_train_arguments", "read_config_file", "split_config", "train_argument_types",
+           "wants_smoke", "warn_about_token_flag"]
+
+logger = logging.getLogger(__name__)
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -89,9 +93,9 @@ def _arrange_help(parser: argparse.ArgumentParser, dataclass_types: Sequence[typ
     (marked when a federated run refuses them)."""
     from transformers import TrainingArguments
 
-    from .trainer_fields import REFUSED_TRAINER_FIELDS
+    from ..trainer_fields import REFUSED_TRAINER_FIELDS
 
-    from .algorithms.registry import hyperparameter_fields
+    from ..algorithms.registry import hyperparameter_fields
 
     refused = {row.name: row for row in REFUSED_TRAINER_FIELDS}
     hyperparameters = {f.name for f in hyperparameter_fields()}
@@ -329,10 +333,10 @@ def _parse(dataclass_types, argv, defaults, smoke, prog, description) -> tuple:
 
 def train_argument_types() -> tuple[type, ...]:
     """The dataclasses ``hf-fedflat train`` and the recipes parse: data, model, LoRA, federated training."""
-    from .config import FedTrainingArguments
-    from .data.arguments import DataArguments
-    from .models.arguments import ModelArguments
-    from .models.lora import LoraArguments
+    from ..config import FedTrainingArguments
+    from ..data.arguments import DataArguments
+    from ..models.arguments import ModelArguments
+    from ..models.lora import LoraArguments
 
     return DataArguments, ModelArguments, LoraArguments, FedTrainingArguments
 
@@ -341,3 +345,38 @@ def parse_train_arguments(argv: Sequence[str], **kwargs) -> tuple:
     """``(data_args, model_args, lora_args, training_args)`` as ``hf-fedflat train`` parses them (without its
     hub-token warning): for code that runs members of a run, such as a sweep, without importing the CLI."""
     return parse_arguments(train_argument_types(), argv, **kwargs)
+
+
+TRAIN_DESCRIPTION = """Run one federated experiment: a dataset split over clients, a model, a federated algorithm.
+
+    hf-fedflat train --config recipes/configs/quickstart_fedavg.yaml --num_rounds 50
+
+Flags win over the --config file. The federated fields come first below; the inherited Trainer fields
+(transformers.TrainingArguments) configure each client's local Trainer and are listed last."""
+
+
+def parse_train_args(argv: Sequence[str], *, defaults: Sequence[str] = (), smoke: Sequence[str] = (),
+                     prog: str = "hf-fedflat train", description: str | None = TRAIN_DESCRIPTION):
+    """``(data_args, model_args, lora_args, training_args)`` from flags, an optional ``--config`` file and a
+    recipe's ``defaults`` / ``smoke`` flags, through :func:`parse_arguments`; warns about a ``--hub_token`` given."""
+    data_args, model_args, lora_args, training_args = parse_arguments(
+        train_argument_types(), argv, defaults=defaults, smoke=smoke, prog=prog, description=description)
+    config_path, rest = split_config(argv)
+    warn_about_token_flag(rest, read_config_file(config_path) if config_path else {}, config_path)
+    return data_args, model_args, lora_args, training_args
+
+
+def warn_about_token_flag(argv: Sequence[str], config_values: dict | None = None, config_path: str | None = None) -> bool:
+    """Warn when ``--hub_token`` is given as a flag (or in a config file): a command line is visible to
+    every user of the machine (``ps``) and is echoed by ``accelerate launch`` when the run fails. The
+    ``HF_TOKEN`` environment variable or ``hf auth login`` keep it out of both. True when it warned."""
+    where = None
+    if any(a == "--hub_token" or a.startswith("--hub_token=") for a in argv):
+        where = "as a command-line flag (visible in `ps`, and echoed by `accelerate launch` when the run fails)"
+    elif (config_values or {}).get("hub_token"):
+        where = f"in the config file {config_path}"
+    if where is None:
+        return False
+    logger.warning("hub_token is given %s; prefer the HF_TOKEN environment variable or `hf auth login` "
+                   "(huggingface_hub reads either), and leave hub_token unset.", where)
+    return True

@@ -21,10 +21,10 @@ from typing import Any
 
 from transformers import set_seed
 
-from .config import FedTrainingArguments
-from .data.arguments import DataArguments
-from .data.catalog import FederatedData, load_data
-from .models.arguments import ModelArguments
+from ..config import FedTrainingArguments
+from ..data.arguments import DataArguments
+from ..data.catalog import FederatedData, load_data
+from ..models.arguments import ModelArguments
 
 __all__ = ["Experiment", "build_experiment", "build_model", "run_experiment"]
 
@@ -35,7 +35,7 @@ def build_model(model_args: ModelArguments, data: FederatedData, processing_clas
     """``create_model`` sized for ``data`` (classes, channels, resolution); with ``--model_name_or_path`` the
     Auto class of the task, labels from ``data.label_names`` (:func:`hf_fedflat.models.auto.build_auto_model`)."""
     if model_args.model_name_or_path:
-        from .models.auto import build_auto_model, resolve_task
+        from ..models.auto import build_auto_model, resolve_task
 
         task = resolve_task(model_args, getattr(data, "task", None))
         names = getattr(data, "label_names", None)
@@ -53,8 +53,8 @@ def build_model(model_args: ModelArguments, data: FederatedData, processing_clas
 
 
 def _create_named_model(model_args: ModelArguments, data: FederatedData):
-    from .models import create_model
-    from .models.next_char import TEXT_MODELS
+    from ..models import create_model
+    from ..models.next_char import TEXT_MODELS
 
     if model_args.model_name in TEXT_MODELS:
         vocab_size = getattr(data, "vocab_size", None) or data.num_classes  # next-token models: classes = vocabulary
@@ -117,9 +117,9 @@ def build_experiment(
     Shakespeare's roles) sets ``num_clients`` to their number. With ``push_to_hub`` a
     :class:`~hf_fedflat.hub.HubPushCallback` is added (unless one is given) with the dataset's card details.
     """
-    from .federation.reporting import run_entries
-    from .hub import HubPushCallback
-    from .io import refuse_symlinks_in
+    from ..federation.reporting import run_entries
+    from ..hub import HubPushCallback
+    from ..io import refuse_symlinks_in
 
     refuse_symlinks_in(args.output_dir, run_entries(args))  # a planted link: refused before data or model load
     if data_args.smoke and data_args.smoke_dir is None:
@@ -133,14 +133,14 @@ def build_experiment(
     set_seed(args.seed)
     task, processing_class = data.task, getattr(data, "processing_class", None)
     if model_args.model_name_or_path:  # a transformers model: its task, and its tokenizer / image processor
-        from .models.auto import load_processing_class, resolve_task
+        from ..models.auto import load_processing_class, resolve_task
 
         task = resolve_task(model_args, data.task)
         processing_class = processing_class or load_processing_class(model_args, task)
     model = build_model(model_args, data, processing_class)
     lora_save = "merged"
     if lora_args is not None and lora_args.use_lora:
-        from .models.lora import apply_lora
+        from ..models.lora import apply_lora
 
         model = apply_lora(model, lora_args, task=task if model_args.model_name_or_path else None)
         lora_save = lora_args.lora_save
@@ -150,7 +150,7 @@ def build_experiment(
     if getattr(args, "push_to_hub", False) and not any(isinstance(c, HubPushCallback) for c in callbacks):
         data_config = {"mean": data.mean, "std": data.std} if data.mean and data.std else None
         callbacks.append(HubPushCallback(card_kwargs=card_kwargs, data_config=data_config))
-    from .federation.factory import create_trainer  # a server loop, or gossip for a decentralized aggregator
+    from ..federation.factory import create_trainer  # a server loop, or gossip for a decentralized aggregator
 
     extra = {k: v for k, v in (("processing_class", processing_class),
                                ("data_collator", getattr(data, "data_collator", None)),

@@ -15,11 +15,11 @@ EXIT_BAD_INPUT = 2
 
 def input_error_types() -> tuple[type[Exception], ...]:
     """Errors about the user's settings, files, data or Hub access; each message names the field, file or repo."""
-    from .data.images import DatasetUnavailableError
-    from .data.input_checks import InvalidInputError
-    from .federation.checkpoint import CheckpointError
-    from .hub.push import HubAccessError
-    from .io import IncompleteSaveError, UnsafeWritePathError
+    from ..data.images import DatasetUnavailableError
+    from ..data.input_checks import InvalidInputError
+    from ..federation.checkpoint import CheckpointError
+    from ..hub.push import HubAccessError
+    from ..io import IncompleteSaveError, UnsafeWritePathError
     from .parsing import ConfigError
 
     return (ConfigError, CheckpointError, InvalidInputError, UnsafeWritePathError, IncompleteSaveError,
@@ -33,7 +33,7 @@ def report_input_error(prog: str, error: BaseException) -> int:
 
 def run_command_line(main: Callable[[], Any], prog: str | None = None) -> None:
     """Run a script's ``main()`` and exit with its status (0, or 2 / 3 above); for ``if __name__ == "__main__"``."""
-    from .federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
+    from ..federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
 
     prog = prog or os.path.basename(sys.argv[0] or "hf-fedflat")
     try:

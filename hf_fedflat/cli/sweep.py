@@ -28,7 +28,7 @@ A sweep file (YAML or JSON) names the grid; every member is an ``hf-fedflat trai
 Seeds vary the training only: every member's ``partition_seed`` is the sweep's ``partition_seed`` (default
 0) and its data ``split_seed`` the sweep's ``split_seed`` (default: ``DataArguments``' constant) unless the
 base, a partition or an algorithm entry sets them. Every member's arguments are parsed before the first
-member runs (:func:`hf_fedflat.parsing.parse_train_arguments` on the member's config file, written to
+member runs (:func:`hf_fedflat.cli.parsing.parse_train_arguments` on the member's config file, written to
 ``<output_dir>/sweep/members/<member>.json``): an unknown key or a bad value stops the sweep before any run.
 
 A member whose ``run_status.json`` says ``completed`` and which has ``final_model/`` is skipped, so is one that
@@ -250,7 +250,7 @@ def load_sweep_config(path: str, *, smoke: bool = False, output_dir: str | None 
     """Read, expand and (``validate``) check every member as ``hf-fedflat train`` would, before anything runs.
 
     Each member's fields are written to its JSON config file and parsed by
-    :func:`hf_fedflat.parsing.parse_train_arguments` (``--config`` of that file): the same field validation as train.
+    :func:`hf_fedflat.cli.parsing.parse_train_arguments` (``--config`` of that file): the same field validation as train.
     A bad member raises ``ValueError`` naming it; nothing has run yet."""
     from .parsing import read_config_file
 
@@ -284,7 +284,7 @@ def check_member_fields(config: SweepConfig) -> None:
 
 
 def validate_members(config: SweepConfig) -> None:
-    from .io import atomic_write_json
+    from ..io import atomic_write_json
     from .parsing import parse_train_arguments
 
     check_member_fields(config)
@@ -308,7 +308,7 @@ def member_status(output_dir: str) -> str:
     run_status.json says ``failed``, see :mod:`hf_fedflat.federation.outcome`), ``resumable`` (checkpoints), ``new``.
 
     A failed member is an outcome, not an interruption: the sweep does not run it again (delete its folder to)."""
-    from .federation.outcome import RUN_STATUS_FILE
+    from ..federation.outcome import RUN_STATUS_FILE
 
     status_path = os.path.join(output_dir, RUN_STATUS_FILE)
     if os.path.isfile(status_path):
@@ -330,7 +330,7 @@ def run_member(member_config: str) -> str:
     """Train one member from its config file (resuming from its latest checkpoint when it has one); returns its
     status afterwards (``completed`` or ``failed``). Importable and picklable: submitit runs this function."""
     from .experiment import run_experiment
-    from .federation.outcome import TrainingFailedError
+    from ..federation.outcome import TrainingFailedError
     from .parsing import parse_train_arguments
 
     data_args, model_args, lora_args, args = parse_train_arguments(["--config", member_config])
@@ -339,7 +339,7 @@ def run_member(member_config: str) -> str:
         return state
     if state == "resumable":
         args.resume_from_checkpoint = "latest"
-    from .io import atomic_write_json
+    from ..io import atomic_write_json
 
     if not (Path(args.output_dir) / MEMBER_FIELDS_FILE).is_file():
         atomic_write_json(json.loads(Path(member_config).read_text()), os.path.join(args.output_dir, MEMBER_FIELDS_FILE))
@@ -458,7 +458,7 @@ def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
     are not averaged away; a member still running or interrupted is left out); ``reached`` counts the seeds that
     reached the target. With a ``baseline``, ``delta_final`` / ``delta_best``: the row's value minus the baseline
     row's (same partition) of the same seed, mean and std over the seeds both have (``paired_seeds``)."""
-    from .plots import load_history
+    from ..plots import load_history
 
     groups: dict[str, list[SweepMember]] = {}
     for member in config.members:
@@ -533,7 +533,7 @@ def sweep_figure(config: SweepConfig, dpi: int = 110):
     """``metric`` against the round: per group the mean over seeds and a mean +/- std band."""
     import numpy as np
 
-    from .plots import _new_figure, load_history, metric_series
+    from ..plots import _new_figure, load_history, metric_series
 
     fig = _new_figure(7.5, 4.8, dpi)
     ax = fig.subplots()
@@ -569,7 +569,7 @@ def sweep_figure(config: SweepConfig, dpi: int = 110):
 
 def write_tables(config: SweepConfig) -> dict[str, str]:
     """``results.md``, ``results.csv`` and ``results.png`` in ``<output_dir>/sweep/`` (atomic writes)."""
-    from .io import atomic_savefig, atomic_write_text
+    from ..io import atomic_savefig, atomic_write_text
 
     rows = summarize_members(config)
     folder = os.path.join(config.output_dir, SWEEP_FOLDER)

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 from transformers import set_seed
 
-from .algorithms import build_algorithm
-from .config import FedTrainingArguments
+from ..algorithms import build_algorithm
+from ..config import FedTrainingArguments
 
 COLUMNS = (
     ("algorithm", "algorithm", "{}"),
@@ -77,9 +77,9 @@ def run_comparison(
     ``single_run`` the one algorithm of ``args`` runs in ``output_dir`` itself.
     """
     if trainer_factory is None:  # a server loop, or gossip for the decentralized presets
-        from .federation.factory import create_trainer as trainer_factory
+        from ..federation.factory import create_trainer as trainer_factory
     if partition is None:
-        from .data import partition_dataset
+        from ..data import partition_dataset
 
         partition = partition_dataset(
             train_dataset, args.num_clients, args.partition_scheme, label_column=label_column,
@@ -111,12 +111,12 @@ def format_markdown(rows: list[dict]) -> str:
 
 def write_comparison(rows: list[dict], histories: dict[str, list[dict]], output_dir: str) -> dict[str, str]:
     """``results.md``, ``results.csv`` and ``accuracy_curves.png`` in ``output_dir``."""
-    from .plots import plot_comparison
+    from ..plots import plot_comparison
 
     os.makedirs(output_dir, exist_ok=True)
     paths = {"markdown": os.path.join(output_dir, "results.md"), "csv": os.path.join(output_dir, "results.csv"),
              "plot": os.path.join(output_dir, "accuracy_curves.png")}
-    from .io import atomic_write_text  # never through a symbolic link at the path
+    from ..io import atomic_write_text  # never through a symbolic link at the path
 
     atomic_write_text(format_markdown(rows) + "\n", paths["markdown"], durable=False)
     table = io.StringIO()

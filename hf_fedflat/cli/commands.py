@@ -28,65 +28,16 @@ from typing import Any
 
 __all__ = ["compare_main", "format_comparison", "list_main", "main", "partition_main", "summarize_run", "train_main"]
 
-logger = logging.getLogger("hf_fedflat.cli")
-
 
 # -------------------------------------------------------------------------------------------------
 # train
 # -------------------------------------------------------------------------------------------------
-TRAIN_DESCRIPTION = """Run one federated experiment: a dataset split over clients, a model, a federated algorithm.
-
-    hf-fedflat train --config recipes/configs/quickstart_fedavg.yaml --num_rounds 50
-
-Flags win over the --config file. The federated fields come first below; the inherited Trainer fields
-(transformers.TrainingArguments) configure each client's local Trainer and are listed last."""
-
-
-def train_argument_types() -> tuple[type, ...]:
-    """The dataclasses ``hf-fedflat train`` and the recipes parse: data, model, LoRA, federated training."""
-    from .config import FedTrainingArguments
-    from .data.arguments import DataArguments
-    from .models.arguments import ModelArguments
-    from .models.lora import LoraArguments
-
-    return DataArguments, ModelArguments, LoraArguments, FedTrainingArguments
-
-
-def parse_train_args(argv: Sequence[str], *, defaults: Sequence[str] = (), smoke: Sequence[str] = (),
-                     prog: str = "hf-fedflat train", description: str | None = TRAIN_DESCRIPTION):
-    """``(data_args, model_args, lora_args, training_args)`` from flags, an optional ``--config`` file and a
-    recipe's ``defaults`` / ``smoke`` flags, through :func:`hf_fedflat.parsing.parse_arguments`."""
-    from .parsing import parse_arguments, read_config_file, split_config
-
-    data_args, model_args, lora_args, training_args = parse_arguments(
-        train_argument_types(), argv, defaults=defaults, smoke=smoke, prog=prog, description=description)
-    config_path, rest = split_config(argv)
-    warn_about_token_flag(rest, read_config_file(config_path) if config_path else {}, config_path)
-    return data_args, model_args, lora_args, training_args
-
-
-def warn_about_token_flag(argv: Sequence[str], config_values: dict | None = None, config_path: str | None = None) -> bool:
-    """Warn when ``--hub_token`` is given as a flag (or in a config file): a command line is visible to
-    every user of the machine (``ps``) and is echoed by ``accelerate launch`` when the run fails. The
-    ``HF_TOKEN`` environment variable or ``hf auth login`` keep it out of both. True when it warned."""
-    where = None
-    if any(a == "--hub_token" or a.startswith("--hub_token=") for a in argv):
-        where = "as a command-line flag (visible in `ps`, and echoed by `accelerate launch` when the run fails)"
-    elif (config_values or {}).get("hub_token"):
-        where = f"in the config file {config_path}"
-    if where is None:
-        return False
-    logger.warning("hub_token is given %s; prefer the HF_TOKEN environment variable or `hf auth login` "
-                   "(huggingface_hub reads either), and leave hub_token unset.", where)
-    return True
-
-
 def train_main(argv: Sequence[str]) -> int:
     from .experiment import run_experiment
-    from .exit_status import input_error_types, report_input_error
-    from .federation.comm import init_federated_process_group
-    from .federation.outcome import EXIT_TRAINING_FAILED, RUN_STATUS_FILE, TrainingFailedError
-    from .parsing import ConfigError
+    from .exit_codes import input_error_types, report_input_error
+    from ..federation.comm import init_federated_process_group
+    from ..federation.outcome import EXIT_TRAINING_FAILED, RUN_STATUS_FILE, TrainingFailedError
+    from .parsing import ConfigError, parse_train_args
 
     group = init_federated_process_group()  # before the arguments set up accelerate
     try:
@@ -139,7 +90,7 @@ SUMMARY_METRICS = ("eval_accuracy", "eval_perplexity", "eval_loss")
 def summarize_run(run_dir: str | os.PathLike, metric: str | None = None) -> dict[str, Any]:
     """Final and best ``metric`` (lowest for losses and perplexities), rounds and timing of one run folder;
     ``metric`` None: the first of :data:`SUMMARY_METRICS` in its history (a language model has no accuracy)."""
-    from .plots import load_history, metric_series
+    from ..plots import load_history, metric_series
 
     run_dir = Path(run_dir)
     history = load_history(run_dir)
@@ -197,7 +148,7 @@ def compare_main(argv: Sequence[str]) -> int:
         for row in rows:
             row["run"] = row["path"]
     print(format_comparison(rows))
-    from .plots import plot_comparison
+    from ..plots import plot_comparison
 
     out_dir = Path(options.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -216,10 +167,10 @@ def compare_main(argv: Sequence[str]) -> int:
 # partition
 # -------------------------------------------------------------------------------------------------
 def partition_main(argv: Sequence[str]) -> int:
-    from .data import SCHEMES, partition_dataset, plot_partition_heatmap
-    from .data.arguments import DataArguments
-    from .data.catalog import list_datasets, load_data
-    from .models.arguments import ModelArguments
+    from ..data import SCHEMES, partition_dataset, plot_partition_heatmap
+    from ..data.arguments import DataArguments
+    from ..data.catalog import list_datasets, load_data
+    from ..models.arguments import ModelArguments
 
     parser = argparse.ArgumentParser(prog="hf-fedflat partition",
                                      description="Split a dataset into clients; print the summary, draw the heatmap.")
@@ -259,10 +210,9 @@ def partition_main(argv: Sequence[str]) -> int:
 
 # -------------------------------------------------------------------------------------------------
 def list_main(argv: Sequence[str]) -> int:
-    from . import list_algorithms
-    from .algorithms import get_preset
-    from .data.catalog import list_datasets
-    from .models import available_models
+    from ..algorithms import get_preset, list_algorithms
+    from ..data.catalog import list_datasets
+    from ..models import available_models
 
     argparse.ArgumentParser(prog="hf-fedflat list", description="Algorithms, datasets and models.").parse_args(list(argv))
     print("algorithms:")
@@ -308,6 +258,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     return COMMANDS[command][0](rest)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

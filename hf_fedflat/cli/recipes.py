@@ -4,7 +4,7 @@ A recipe is a list of default flags (the paper's set-up, Hub data, pretrained we
 ``--smoke`` overrides (tiny generated data in the real on-disk format, a tiny model, one or two rounds).
 Everything a user passes wins over both: flags, or ``--config run.yaml`` (any field of
 ``DataArguments``, ``ModelArguments``, ``LoraArguments`` and ``FedTrainingArguments``), parsed by the one loader
-of every entry point (:func:`hf_fedflat.parsing.parse_arguments`). ``--help`` shows the recipe's docstring and
+of every entry point (:func:`hf_fedflat.cli.parsing.parse_arguments`). ``--help`` shows the recipe's docstring and
 its defaults.
 """
 
@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .federation.comm import init_federated_process_group
+from ..federation.comm import init_federated_process_group
 
 __all__ = ["recipe_argv", "run_recipe", "smoke_asset_flags"]
 
@@ -55,7 +55,7 @@ def run_recipe(argv: Sequence[str] | None, defaults: Sequence[str], smoke: Seque
 
     ``description`` (``--help``'s text) and ``prog`` default to the calling recipe module's docstring and file name.
     """
-    from .cli import parse_train_args
+    from .parsing import parse_train_args
     from .experiment import run_experiment
 
     caller = sys._getframe(1).f_globals
