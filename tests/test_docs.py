@@ -2,7 +2,7 @@
 
 - the preset tables are exactly what the registry generates, and every "<N> presets" says the registry's N;
 - the README stays short, and no page points outside the repository or reads like a development log;
-- every relative link points to a file that exists;
+- every relative link points to a file that exists (and to one of its headings, if it names one);
 - every command of a ```bash block is checked: the short offline ones (``--help``, ``--smoke``, ``hf-fedflat
   list``, ``python -c``) run; for the others, the files they name exist and every ``--flag`` (and every key of a
   config file they pass) is one the command's parser knows.
@@ -90,12 +90,21 @@ def test_no_page_points_outside_the_repository_or_logs_development():
     assert not hits, "\n".join(hits)
 
 
-def test_relative_links_point_to_files():
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
+
+
+def test_relative_links_point_to_files_and_headings():
     missing = []
     for page in PAGES:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
-            path = target.split("#", 1)[0]
-            if path and not re.match(r"[a-z]+:", path) and not (page.parent / path).exists():
+            path, _, anchor = target.partition("#")
+            if re.match(r"[a-z]+:", path):
+                continue
+            file = page.parent / path if path else page
+            if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
                 missing.append(f"{page.relative_to(ROOT)}: {target}")
     assert not missing, "\n".join(missing)
 
