@@ -177,7 +177,7 @@ def test_failed_and_unfinished_members_in_the_table(finished, tmp_path, monkeypa
 
 def test_summarize_member_by_hand():
     """Lower-is-better metric, evaluation every 2nd round, a decentralized run's gossip bytes."""
-    from hf_fedflat.cli.sweep import summarize_member
+    from hf_fedflat.cli.summary import summarize_run as summarize_member
 
     history = [
         {"round": 1, "round_seconds": 2.0, "wall_seconds": 2.5, "bytes_gossip": 3_000_000},

@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING
 from .._lazy import attach, exported_names
 
 _EXPORTS = {
-    ".commands": ("main", "summarize_run"),
+    ".commands": ("main",),
     ".experiment": ("Experiment", "build_experiment", "run_experiment"),
     ".parsing": ("ConfigError", "parse_arguments", "parse_train_args"),
+    ".summary": ("RunSummary", "summarize_run"),
 }
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
 __all__ = exported_names(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .commands import main, summarize_run
+    from .commands import main
     from .experiment import Experiment, build_experiment, run_experiment
     from .parsing import ConfigError, parse_arguments, parse_train_args
+    from .summary import RunSummary, summarize_run

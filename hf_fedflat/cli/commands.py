@@ -17,16 +17,17 @@ from __future__ import annotations
 import argparse
 import csv
 import glob
-import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["compare_main", "format_comparison", "list_main", "main", "partition_main", "summarize_run", "train_main"]
+from .summary import summarize_run
+
+__all__ = ["COMMANDS", "COMPARE_COLUMNS", "compare_main", "format_comparison", "list_main", "main", "partition_main",
+           "sweep_main", "train_main"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -54,8 +55,7 @@ def train_main(argv: Sequence[str]) -> int:
     except input_error_types() as error:
         return report_input_error("hf-fedflat train", error)
     if group.is_main:
-        summary = summarize_run(args.output_dir)
-        print(format_comparison([summary]))
+        print(format_comparison([summarize_run(args.output_dir).row(COMPARE_COLUMNS)]))
         print(f"\nFinal model and model card: {output.final_model_dir}")
     return 0
 
@@ -83,44 +83,13 @@ def _run_dirs(patterns: Sequence[str]) -> list[Path]:
     return unique
 
 
-#: what a run's summary shows when no metric is named: the first one its history has
-SUMMARY_METRICS = ("eval_accuracy", "eval_perplexity", "eval_loss")
-
-
-def summarize_run(run_dir: str | os.PathLike, metric: str | None = None) -> dict[str, Any]:
-    """Final and best ``metric`` (lowest for losses and perplexities), rounds and timing of one run folder;
-    ``metric`` None: the first of :data:`SUMMARY_METRICS` in its history (a language model has no accuracy)."""
-    from ..plots import load_history, metric_series
-
-    run_dir = Path(run_dir)
-    history = load_history(run_dir)
-    if metric is None:
-        metric = next((m for m in SUMMARY_METRICS if any(m in record for record in history)), SUMMARY_METRICS[0])
-    rounds, values = metric_series(history, metric)
-    better = min if "loss" in metric or "perplexity" in metric else max
-    best_index = values.index(better(values)) if values else None
-    algorithm = "–"
-    config = run_dir / "final_model" / "federated_config.json"
-    if config.is_file():
-        algorithm = json.loads(config.read_text()).get("algorithm", {}).get("name", "–")
-    _, seconds = metric_series(history, "round_seconds")
-    _, wall = metric_series(history, "wall_seconds")
-    return {
-        "run": run_dir.name,
-        "path": str(run_dir),
-        "algorithm": algorithm,
-        "rounds": len(history),
-        "metric": metric,
-        "final": values[-1] if values else math.nan,
-        "best": values[best_index] if values else math.nan,
-        "best_round": rounds[best_index] if values else None,
-        "seconds_per_round": sum(seconds) / len(seconds) if seconds else math.nan,
-        "wall_seconds": wall[-1] if wall else math.nan,
-    }
+#: the columns of ``hf-fedflat compare`` (its CSV) and of the table ``hf-fedflat train`` prints
+COMPARE_COLUMNS = ("run", "path", "algorithm", "rounds", "metric", "final", "best", "best_round", "seconds_per_round",
+                   "wall_seconds")
 
 
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table of :func:`summarize_run` rows."""
+    """A Markdown table of runs: rows of :data:`COMPARE_COLUMNS` (``summarize_run(run).row(COMPARE_COLUMNS)``)."""
     metric = rows[0]["metric"] if rows else "eval_accuracy"
     lines = [f"| run | algorithm | rounds | final {metric} | best {metric} (round) | s/round | wall s |",
              "|---|---|---|---|---|---|---|"]
@@ -142,7 +111,7 @@ def compare_main(argv: Sequence[str]) -> int:
     runs = _run_dirs(options.runs)
     if not runs:
         parser.error(f"runs: no history.json found under {', '.join(options.runs)}.")
-    rows = [summarize_run(run, options.metric) for run in runs]
+    rows = [summarize_run(run, options.metric).row(COMPARE_COLUMNS) for run in runs]
     names = [row["run"] for row in rows]
     if len(set(names)) < len(names):  # same folder name in different places: show the paths
         for row in rows:

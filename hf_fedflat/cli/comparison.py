@@ -16,6 +16,7 @@ from transformers import set_seed
 
 from ..algorithms import build_algorithm
 from ..config import FedTrainingArguments
+from .summary import RunSummary, summarize_run
 
 COLUMNS = (
     ("algorithm", "algorithm", "{}"),
@@ -30,23 +31,18 @@ COLUMNS = (
 )
 
 
-def summarize_history(algorithm: str, history: list[dict], passes_per_step: int,
-                      target_accuracy: float | None = None) -> dict[str, Any]:
-    """One table row from a run's per-round records."""
-    evaluated = [r for r in history if "eval_accuracy" in r]
-    accuracies = [r["eval_accuracy"] for r in evaluated]
-    reached = next((r for r in evaluated if target_accuracy is not None and r["eval_accuracy"] >= target_accuracy), None)
-    rounds = max(1, len(history))
-    traffic = [r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in history]
+def comparison_row(algorithm: str, summary: RunSummary, passes_per_step: int) -> dict[str, Any]:
+    """One table row (before ``time_vs_fedavg``) from a run's :class:`~hf_fedflat.cli.summary.RunSummary` on
+    ``eval_accuracy``; the traffic is a server run's, up and down."""
     return {
         "algorithm": algorithm,
-        "final_accuracy": accuracies[-1] if accuracies else float("nan"),
-        "best_accuracy": max(accuracies) if accuracies else float("nan"),
-        "rounds_to_target": reached["round"] if reached else None,
-        "seconds_to_target": reached["wall_seconds"] if reached else None,
-        "seconds_per_round": sum(r.get("round_seconds", 0.0) for r in history) / rounds,
+        "final_accuracy": summary.final,
+        "best_accuracy": summary.best,
+        "rounds_to_target": summary.rounds_to_target,
+        "seconds_to_target": summary.seconds_to_target,
+        "seconds_per_round": summary.seconds_per_round,
         "passes_per_step": passes_per_step,
-        "megabytes_per_round": sum(traffic) / rounds / 1e6,
+        "megabytes_per_round": summary.megabytes_per_round("up", "down"),
     }
 
 
@@ -95,8 +91,8 @@ def run_comparison(
                                   label_column=label_column)
         output = trainer.train()
         histories[name] = output.history
-        rows.append(summarize_history(name, output.history, build_algorithm(run_args).passes_per_step,
-                                      args.target_accuracy))
+        summary = summarize_run(output.history, "eval_accuracy", args.target_accuracy)
+        rows.append(comparison_row(name, summary, build_algorithm(run_args).passes_per_step))
     return add_time_ratios(rows), histories
 
 

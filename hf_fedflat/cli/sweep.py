@@ -60,15 +60,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .summary import RunSummary, summarize_run
+
 __all__ = ["SweepConfig", "SweepMember", "expand_members", "load_sweep_config", "main", "member_status",
-           "run_member", "run_sweep", "summarize_members", "summarize_member", "sweep_main", "write_tables"]
+           "run_member", "run_sweep", "summarize_members", "sweep_main", "write_tables"]
 
 logger = logging.getLogger(__name__)
 
 SWEEP_KEYS = ("output_dir", "metric", "target", "baseline", "base", "algorithms", "grid", "partitions", "seeds", "smoke",
               "launcher", "submitit", "split_seed", "partition_seed", "description")
 LAUNCHERS = ("local", "submitit")
-LOWER_IS_BETTER = ("loss", "perplexity")
 SWEEP_FOLDER = "sweep"
 
 
@@ -412,34 +413,6 @@ def run_sweep(config: SweepConfig, *, executor=None, wait: bool = True) -> dict[
 # -------------------------------------------------------------------------------------------------
 # table
 # -------------------------------------------------------------------------------------------------
-def _lower_is_better(metric: str) -> bool:
-    return any(word in metric for word in LOWER_IS_BETTER)
-
-
-def summarize_member(history: list[dict], metric: str, target: float | None) -> dict[str, Any]:
-    """Final / best ``metric``, the first round (and its wall seconds) reaching ``target``, mean seconds per round,
-    mean MB sent per round of one run's ``history.json`` records: ``bytes_up`` / ``bytes_down`` (server runs) and
-    ``bytes_gossip`` (decentralized runs: models sent between neighbours)."""
-    evaluated = [r for r in history if isinstance(r.get(metric), (int, float))]
-    values = [float(r[metric]) for r in evaluated]
-    lower = _lower_is_better(metric)
-    reached = None
-    if target is not None:
-        reached = next((r for r in evaluated if (r[metric] <= target if lower else r[metric] >= target)), None)
-    rounds = max(1, len(history))
-    return {
-        "final": values[-1] if values else math.nan,
-        "best": (min(values) if lower else max(values)) if values else math.nan,
-        "rounds_to_target": float(reached["round"]) if reached else None,
-        "seconds_to_target": float(reached["wall_seconds"]) if reached and "wall_seconds" in reached else None,
-        "seconds_per_round": sum(float(r.get("round_seconds", 0.0)) for r in history) / rounds,
-        "mb_up_per_round": sum(float(r.get("bytes_up", 0)) for r in history) / rounds / 1e6,
-        "mb_down_per_round": sum(float(r.get("bytes_down", 0)) for r in history) / rounds / 1e6,
-        "mb_gossip_per_round": sum(float(r.get("bytes_gossip", 0)) for r in history) / rounds / 1e6,
-        "rounds": len(history),
-    }
-
-
 def _mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n - 1; 0 for one value); NaN when empty."""
     values = [v for v in values if v is not None and not math.isnan(v)]
@@ -448,6 +421,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+#: the columns of :class:`~hf_fedflat.cli.summary.RunSummary` the table averages over seeds
 STAT_KEYS = ("final", "best", "rounds_to_target", "seconds_to_target", "seconds_per_round", "mb_up_per_round",
              "mb_down_per_round", "mb_gossip_per_round")
 
@@ -464,13 +438,13 @@ def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
     for member in config.members:
         groups.setdefault(member.group, []).append(member)
     rows = []
-    by_seed: dict[str, dict[int, dict]] = {}
+    by_seed: dict[str, dict[int, RunSummary]] = {}
     for group, members in groups.items():
         summaries = []
         for member in members:
             history_path = Path(member.output_dir) / "history.json"
             if member_status(member.output_dir) in ("completed", "failed") and history_path.is_file():
-                summaries.append(summarize_member(load_history(history_path), config.metric, config.target))
+                summaries.append(summarize_run(load_history(history_path), config.metric, config.target))
                 by_seed.setdefault(group, {})[member.seed] = summaries[-1]
         first = members[0]
         row: dict[str, Any] = {"group": group, "algorithm": first.algorithm,
