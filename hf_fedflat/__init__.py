@@ -21,7 +21,7 @@ _EXPORTS = {
     ".federation": ("FederatedCallback", "FederatedTrainer", "FederatedTrainOutput"),
     ".federation.checkpoint": ("CheckpointError",),
     ".federation.comm": ("init_federated_process_group as init_process_group",),
-    ".federation.factory": ("create_trainer",),
+    ".federation.trainer_factory": ("create_trainer",),
     ".federation.outcome": ("TrainingFailedError",),
     ".data.input_checks": ("InvalidInputError",),
     ".training": ("ClientTrainer", "ParameterSpace"),
@@ -37,6 +37,6 @@ if TYPE_CHECKING:
     from .data.input_checks import InvalidInputError
     from .federation.checkpoint import CheckpointError
     from .federation.comm import init_federated_process_group as init_process_group
-    from .federation.factory import create_trainer
+    from .federation.trainer_factory import create_trainer
     from .federation.outcome import TrainingFailedError
     from .training import ClientTrainer, ParameterSpace

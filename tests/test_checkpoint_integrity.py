@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_fedflat import FedTrainingArguments
-from hf_fedflat.federation.factory import trainer_class_for
+from hf_fedflat.federation.trainer_factory import trainer_class_for
 from hf_fedflat.federation.checkpoint import (
     CheckpointError,
     CorruptCheckpointError,

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from hf_fedflat import DecentralizedTrainer, FederatedCallback, FedTrainingArguments, FederatedTrainer, get_preset
 from hf_fedflat.decentralized import GossipAggregator, Topology
-from hf_fedflat.federation.factory import trainer_class_for
+from hf_fedflat.federation.trainer_factory import trainer_class_for
 from hf_fedflat.aggregators.gossip import GossipConfig
 from hf_fedflat.federation.outcome import TrainingFailedError
 

@@ -73,7 +73,7 @@ def run_comparison(
     ``single_run`` the one algorithm of ``args`` runs in ``output_dir`` itself.
     """
     if trainer_factory is None:  # a server loop, or gossip for the decentralized presets
-        from ..federation.factory import create_trainer as trainer_factory
+        from ..federation.trainer_factory import create_trainer as trainer_factory
     if partition is None:
         from ..data import partition_dataset
 

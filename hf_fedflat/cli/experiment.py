@@ -150,7 +150,7 @@ def build_experiment(
     if getattr(args, "push_to_hub", False) and not any(isinstance(c, HubPushCallback) for c in callbacks):
         data_config = {"mean": data.mean, "std": data.std} if data.mean and data.std else None
         callbacks.append(HubPushCallback(card_kwargs=card_kwargs, data_config=data_config))
-    from ..federation.factory import create_trainer  # a server loop, or gossip for a decentralized aggregator
+    from ..federation.trainer_factory import create_trainer  # a server loop, or gossip for a decentralized aggregator
 
     extra = {k: v for k, v in (("processing_class", processing_class),
                                ("data_collator", getattr(data, "data_collator", None)),

@@ -4,7 +4,7 @@ strategy.
 Every client keeps its own model; a round ends with gossip, not a server step (see
 :mod:`hf_fedflat.decentralized.gossip_strategy`). The loop, client training, failure policy, checkpoints and
 callbacks are the federated trainer's, unchanged. Which of the two trainers a run needs is
-:func:`hf_fedflat.federation.factory.trainer_class_for`.
+:func:`hf_fedflat.federation.trainer_factory.trainer_class_for`.
 """
 
 from __future__ import annotations
