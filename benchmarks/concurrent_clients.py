@@ -1,4 +1,4 @@
-"""Several clients at once in one process (issue 20, GPU part): rounds per second at ``concurrent_clients`` K.
+"""Several clients at once in one process (for a GPU): rounds per second at ``concurrent_clients`` K.
 
     python benchmarks/concurrent_clients.py [--ks 1,2,4] [--rounds 6] [--device cpu|cuda] [--bf16]
                                             [--output benchmarks/concurrent_clients.json]
@@ -15,11 +15,11 @@ final weights are compared with the first K's (``max_abs_weight_diff``: 0 on a C
 need not be deterministic, at K=1 either: the run records the difference).
 
 On a CPU the steps of the lanes take turns (the random generators are shared, see
-``hf_fedflat.runtime.concurrent``), so no speed-up is expected there; the number that matters is the GPU's
+``hf_fedflat.runtime.lanes``), so no speed-up is expected there; the number that matters is the GPU's
 (not measured in the session that wrote this: no GPU). Under ``accelerate launch`` every process trains its
 share (the main process times the rounds, and its own CPU time only; ``machine.processes`` records how
-many). FLUTE's published FEMNIST figure is 0.33 s per round (1,500 rounds in 8 min 22 s); issue 20's target
-is >= 3x its rounds per second on one GPU.
+many). FLUTE's published FEMNIST figure is 0.33 s per round (1,500 rounds in 8 min 22 s); the target set for
+this mechanism is >= 3x its rounds per second on one GPU.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from hf_fedflat import FedTrainingArguments, FederatedCallback, create_trainer
-from hf_fedflat.runtime.concurrent import Lane, RngGuard, own_gradient_state
+from hf_fedflat.runtime.lanes import Lane, RngGuard, own_gradient_state
 
 from conftest import TinyClassifier, make_tiny_dataset
 

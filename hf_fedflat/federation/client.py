@@ -15,7 +15,7 @@ from ..algorithms import ClientContext, ClientUpdate, LocalResult
 from ..diagnostics.run import DIAGNOSTICS_MESSAGE
 from ..training.parameters import all_finite
 from ..runtime.materialize import materialize, skip_missing_video_reader, wrap_collator
-from ..runtime.concurrent import current_lane
+from ..runtime.lanes import current_lane
 from ..runtime.vectors import empty_like
 from .concurrent import ConcurrentClients
 from .load_balance import local_work

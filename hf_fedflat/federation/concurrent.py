@@ -1,6 +1,6 @@
 """``concurrent_clients``: a process trains up to K clients of its round share at once.
 
-The lanes (:mod:`hf_fedflat.runtime.concurrent`) are built on the first share with more than one client: lane 0
+The lanes (:mod:`hf_fedflat.runtime.lanes`) are built on the first share with more than one client: lane 0
 is the process's own local Trainer and model, lanes 1..K-1 each a deep copy of the model in a new
 ``ClientTrainer`` of the same class, arguments (a copy: ``start_client`` sets the learning rate and local work on
 them), collator and metrics. Every client then runs through the same code as one at a time
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from ..runtime.concurrent import Lane, RngGuard, instrument, run_lanes
+from ..runtime.lanes import Lane, RngGuard, instrument, run_lanes
 
 logger = logging.getLogger(__name__)
 

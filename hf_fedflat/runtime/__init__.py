@@ -15,7 +15,7 @@ Nothing here changes a number: with the fast path off (``HF_FEDFLAT_FAST_PATH=0`
   turned off (materialised rows batched without a DataLoader, torch's clipping, one ``model.train()`` per client).
 - :mod:`.materialize`: fixed-shape numeric client data read once into tensors.
 - :mod:`.datasets`: ``select_rows``, client datasets without hashing the transform.
-- :mod:`.concurrent`: several clients at once in one process (``concurrent_clients``, :mod:`.arguments`): lanes
+- :mod:`.lanes`: several clients at once in one process (``concurrent_clients``, :mod:`.arguments`): lanes
   with their own model and Trainer, one guard over the global random generators. Not behind the switch: it is
   asked for by a field, and gives the same weights as one client at a time.
 """

@@ -1,5 +1,5 @@
 """How many clients one process trains at once (``concurrent_clients``): part of
-:class:`~hf_fedflat.FedTrainingArguments` (declared and checked here; the machinery is :mod:`.concurrent`)."""
+:class:`~hf_fedflat.FedTrainingArguments` (declared and checked here; the machinery is :mod:`.lanes`)."""
 
 from __future__ import annotations
 
