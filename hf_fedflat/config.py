@@ -337,7 +337,7 @@ class FedTrainingArguments(TrainingArguments):
 
     def _check_graph_connected(self) -> None:
         """A gossip graph in several pieces (spectral gap 0) never reaches consensus: refuse it now."""
-        from .aggregators.topology import _connected, _undirected_edges, load_edges
+        from .algorithms.topology import _connected, _undirected_edges, load_edges
 
         edges = _undirected_edges(self.num_clients, load_edges(self.topology_edges))
         if not _connected(self.num_clients, edges):

@@ -1,12 +1,15 @@
 """The pieces on their own: the step function without a Trainer, the formulas' two evaluations, the configs
-beside the pieces, and the rule that piece files are plain torch (no runtime machinery)."""
+beside the pieces, the packages' exports, and the rule that piece files are plain torch importing only the
+algorithm base."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import math
 import pathlib
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +20,8 @@ from hf_fedflat.algorithms import (
     piece_defaults, piece_hyperparameters,
 )
 from hf_fedflat.algorithms.affine import evaluate, evaluate_, symbol
+from hf_fedflat.algorithms.base import RHO_HELP
+from hf_fedflat.algorithms.registry import AGGREGATOR_PLUGINS
 from hf_fedflat.training import ParameterSpace
 from hf_fedflat.training.step import takes_plain_step, training_step
 
@@ -231,3 +236,67 @@ def test_piece_files_import_no_runtime_machinery(path):
 def test_the_import_scan_sees_relative_imports():
     sample = PACKAGE / "training" / "client_trainer.py"  # machinery: it does import the runtime
     assert any(name.startswith("hf_fedflat.runtime") for name in imported_modules(sample))
+
+
+PIECE_PACKAGES = ("corrections", "aggregators")  # (the perturbations still import the step's finite checks)
+PIECE_MODULES = sorted(p for package in PIECE_PACKAGES for p in (PACKAGE / package).glob("*.py"))
+ALGORITHM_BASE = "hf_fedflat.algorithms.base"
+
+
+def imports_of(path: pathlib.Path) -> list[str]:
+    """The module each import statement of a file names (relative ones resolved), one entry per statement."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found.append(base)
+    return found
+
+
+@pytest.mark.parametrize("path", PIECE_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_piece_files_import_only_torch_the_standard_library_and_the_algorithm_base(path):
+    """A piece file reads as its formula: everything of this package it needs comes from ``algorithms.base``. A
+    package's ``__init__`` may also import its own modules (it registers them)."""
+    own_package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
+    bad = []
+    for name in imports_of(path):
+        top = name.split(".")[0]
+        allowed = (name == ALGORITHM_BASE or top == "torch" or top == "__future__" or top in sys.stdlib_module_names
+                   or (path.name == "__init__.py" and name.startswith(own_package + ".")))
+        if not allowed:
+            bad.append(name)
+    assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}: import it from hf_fedflat.algorithms.base"
+
+
+def test_the_piece_import_scan_sees_what_it_forbids():
+    assert "hf_fedflat.runtime" in imports_of(PACKAGE / "training" / "client_trainer.py")
+    assert "numpy" in imports_of(PACKAGE / "algorithms" / "topology.py")
+
+
+@pytest.mark.parametrize("package, tables", [
+    ("perturbations", [PERTURBATIONS]), ("corrections", [CORRECTIONS]),
+    ("aggregators", [AGGREGATORS, AGGREGATOR_PLUGINS]),
+])
+def test_each_piece_package_exports_every_piece_it_registers(package, tables):
+    """The package's export list, by registered name, is the registry of its kind (plug-ins by their suffix)."""
+    module = importlib.import_module(f"hf_fedflat.{package}")
+    exported = [getattr(module, name) for name in module.__all__]
+    pieces = [cls for cls in exported if isinstance(cls, type)]
+    assert all(name == getattr(module, name).__name__ for name in module.__all__)
+    assert sorted(getattr(cls, "plugin", None) or cls.name for cls in pieces) == sorted(
+        name for table in tables for name in table)
+
+
+def test_rho_help_names_no_piece():
+    """A new rho-using piece needs no edit of the shared help: the registry adds each piece's own default."""
+    assert not any(name in RHO_HELP.split() for name in PERTURBATIONS)
+    help_text = {f.name: f for f in hyperparameter_fields()}["rho"].metadata["help"]
+    for name, cls in PERTURBATIONS.items():
+        if "rho" in {f.name for f in dataclasses.fields(cls.config_class)}:
+            assert name in help_text

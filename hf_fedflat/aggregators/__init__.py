@@ -1,22 +1,13 @@
 """Server rules, and plug-ins that go in front of any of them (``+fedgh``).
 
-Every module of this package is imported (and so registered) here: a new rule is one new file.
+Every module of this package is imported (and so registered) here, and every rule and plug-in it registers is
+exported under its class name: a new rule is one new file. FedGH's harmonization is exported as a function too.
 """
 
-import importlib
-import pkgutil
+from ..algorithms.base import registered_pieces
 
-from .fedadam import FedAdamAggregator
-from .feddyn import FedDynAggregator, FedSMOOAggregator
-from .fedgh import HarmonizedAggregator, gradient_conflicts, harmonize
-from .gossip import GossipAggregator
-from .fednova import FedNovaAggregator
-from .mean import MeanAggregator
+_PIECES = registered_pieces(__name__, __path__)
+globals().update(_PIECES)
+from .fedgh import gradient_conflicts, harmonize  # noqa: E402  (imported above; named here for the exports)
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
-
-__all__ = [
-    "FedAdamAggregator", "FedDynAggregator", "FedNovaAggregator", "FedSMOOAggregator", "HarmonizedAggregator",
-    "GossipAggregator", "MeanAggregator", "gradient_conflicts", "harmonize",
-]
+__all__ = sorted(_PIECES) + ["gradient_conflicts", "harmonize"]

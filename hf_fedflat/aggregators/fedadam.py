@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import Aggregator, Capabilities, ClientUpdate, StateDict, Tensor, weighted_delta
-from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, fail, hyperparameter
-from ..algorithms.registry import register_aggregator
-from .mean import SERVER_LEARNING_RATE_HELP
+from ..algorithms.base import (
+    SERVER_LEARNING_RATE_HELP, Aggregator, Capabilities, ClientUpdate, PieceConfig, StateDict, Tensor, check_choice,
+    check_number, fail, hyperparameter, register_aggregator, weighted_delta,
+)
 
 
 @dataclass

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor, weighted_delta
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_aggregator
-from .mean import SERVER_LEARNING_RATE_HELP
+from ..algorithms.base import (
+    SERVER_LEARNING_RATE_HELP, Aggregator, ClientUpdate, PieceConfig, StateDict, Tensor, check_number, hyperparameter,
+    register_aggregator, weighted_delta,
+)
 
 
 @dataclass

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import EPS, Aggregator, ClientUpdate, StateDict, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_choice, hyperparameter
-from ..algorithms.registry import register_aggregator_plugin
+from ..algorithms.base import (
+    EPS, Aggregator, ClientUpdate, PieceConfig, StateDict, Tensor, check_choice, hyperparameter,
+    register_aggregator_plugin,
+)
 
 PAIRWISE, SEQUENTIAL = "pairwise", "sequential"
 FEDGH_MODES = (PAIRWISE, SEQUENTIAL)

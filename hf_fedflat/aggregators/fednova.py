@@ -6,9 +6,20 @@ Optimization", NeurIPS 2020.
 
 from __future__ import annotations
 
-from ..algorithms.base import Aggregator, ClientUpdate, StateDict, Tensor, weighted_sum
-from ..algorithms.registry import register_aggregator
-from .mean import MeanConfig
+from dataclasses import dataclass
+
+from ..algorithms.base import (
+    SERVER_LEARNING_RATE_HELP, Aggregator, ClientUpdate, PieceConfig, StateDict, Tensor, check_number, hyperparameter,
+    register_aggregator, weighted_sum,
+)
+
+
+@dataclass
+class FedNovaConfig(PieceConfig):
+    server_learning_rate: float = hyperparameter(1.0, SERVER_LEARNING_RATE_HELP)
+
+    def validate(self) -> None:
+        check_number("server_learning_rate", self.server_learning_rate, low=0.0, low_open=True)
 
 
 @register_aggregator
@@ -16,7 +27,7 @@ class FedNovaAggregator(Aggregator):
     """``tau_eff = sum p_i a_i``; ``w^{t+1} = w^t + eta_g * sum p_i (tau_eff / a_i) Delta_i``.
 
     ``a_i`` is the client's number of local steps (plain SGD without momentum). Clients that took no step
-    have ``Delta_i = 0`` and are left out of ``tau_eff``. Hyperparameters: the mean's (``server_learning_rate``).
+    have ``Delta_i = 0`` and are left out of ``tau_eff``. Hyperparameter: ``server_learning_rate`` (as the mean's).
     """
 
     name = "fednova"
@@ -27,7 +38,7 @@ class FedNovaAggregator(Aggregator):
         "its normalizer a_i is the number of local steps, FedNova's a_i for plain SGD; with momentum rho the "
         "paper's a_i is (K - rho(1-rho^K)/(1-rho))/(1-rho), and adaptive optimizers have none"
     )
-    config_class = MeanConfig
+    config_class = FedNovaConfig
 
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict

@@ -16,22 +16,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 
-from ..algorithms.base import MixingRule, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_choice, check_integer, fail, hyperparameter
-from ..algorithms.registry import register_aggregator
-from .topology import TOPOLOGIES, MixingMatrix, Topology, load_edges
+from ..algorithms.base import (
+    TOPOLOGIES, MixingMatrix, MixingRule, PieceConfig, Tensor, Topology, check_choice, check_integer, fail,
+    hyperparameter, load_edges, register_aggregator,
+)
 
 #: store key of a client's own model (``{"gossip": {"params": x_i, "buffers": ...}}``)
 GOSSIP_KEY = "gossip"
 
 
 def gossip_rows(
-    weights: np.ndarray, load: Callable[[int], dict[str, Tensor]]
+    weights, load: Callable[[int], dict[str, Tensor]]
 ) -> Iterator[tuple[int, dict[str, Tensor]]]:
-    """Yield ``(i, sum_j weights[i, j] * load(j))`` for every row ``i``, one row at a time.
+    """Yield ``(i, sum_j weights[i, j] * load(j))`` for every row ``i`` of the square matrix ``weights`` (an array
+    or nested lists), one row at a time.
 
     Each row reads only the models it mixes (``load`` may read them from disk), so gossip never holds
     more than one row's inputs plus its output, whatever N is. Every value of the dict ``load``
@@ -39,21 +39,22 @@ def gossip_rows(
     increasing ``j`` (deterministic). A row equal to the previous one yields the same (shared, not to
     be modified) tensors without recomputing them: the fully connected topology costs N loads, not N^2.
     """
-    matrix = np.asarray(weights, dtype=np.float64)
+    matrix = torch.as_tensor(weights, dtype=torch.float64)
     previous_row, mixed = None, None
     for i in range(matrix.shape[0]):
         row = matrix[i]
-        if previous_row is not None and np.array_equal(row, previous_row):
+        if previous_row is not None and torch.equal(row, previous_row):
             yield i, mixed
             continue
         previous_row = row
         mixed = None
-        for j in np.flatnonzero(row):
-            model = load(int(j))
+        columns = row.nonzero().flatten()
+        for j, weight in zip(columns.tolist(), row[columns].tolist()):
+            model = load(j)
             if mixed is None:
                 mixed = {key: torch.zeros_like(value) for key, value in model.items()}
             for key, value in model.items():
-                mixed[key].add_(value, alpha=float(row[j]))
+                mixed[key].add_(value, alpha=weight)
         yield i, mixed
 
 

@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import Aggregator, Capabilities, ClientUpdate, StateDict, Tensor, weighted_delta
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_aggregator
-
-SERVER_LEARNING_RATE_HELP = "Server learning rate eta_g: w <- w + eta_g * sum_i p_i (w_i - w)."
+from ..algorithms.base import (
+    SERVER_LEARNING_RATE_HELP, Aggregator, Capabilities, ClientUpdate, PieceConfig, StateDict, Tensor, check_number,
+    hyperparameter, register_aggregator, weighted_delta,
+)
 
 
 @dataclass

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import DELTA_SHIFT, Aggregator, ClientUpdate, StateDict, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_aggregator
+from ..algorithms.base import (
+    DELTA_SHIFT, Aggregator, ClientUpdate, PieceConfig, StateDict, Tensor, check_number, hyperparameter,
+    register_aggregator,
+)
 
 
 @dataclass

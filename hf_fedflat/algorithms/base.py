@@ -1,4 +1,4 @@
-"""The three kinds of pieces an algorithm is composed of, and the values they exchange.
+"""The three kinds of pieces an algorithm is composed of, the values they exchange, and all a piece file imports.
 
 An algorithm is ``perturbation x corrections x aggregator`` (see ALGORITHMS.md). Pieces hold only
 hyperparameters; all state goes in and comes back out explicitly (optax style), so the client-state
@@ -7,6 +7,10 @@ store, checkpoints and the multi-process exchange all handle the same plain ``di
 Client-side pieces (perturbations and corrections) may also own a server half: SCAFFOLD's
 correction adds ``lambda*(c - c_i)`` on the client *and* keeps ``c`` on the server. Keeping both
 halves in one piece is what lets any correction combine with any aggregator.
+
+A piece file (``perturbations/``, ``corrections/``, ``aggregators/``) imports torch, the standard library and this
+module only: the config helpers (``PieceConfig``, ``hyperparameter``, the checks) and the registration decorators
+are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,7 +22,25 @@ from typing import Any, Callable, ClassVar, Iterator
 import torch
 
 from .affine import Affine
-from .hyperparameters import PieceConfig
+from .hyperparameters import PieceConfig, check_choice, check_integer, check_number, fail, hyperparameter
+from .registry import (
+    register_aggregator, register_aggregator_plugin, register_correction, register_perturbation, registered_pieces,
+)
+from .topology import TOPOLOGIES, MixingMatrix, Topology, load_edges
+
+__all__ = [
+    # what a piece file needs besides its base class: config, checks, registration, shared constants
+    "DELTA_SHIFT", "EPS", "RHO_HELP", "SERVER_LEARNING_RATE_HELP", "PieceConfig", "Tensor", "StateDict", "check_choice",
+    "check_integer", "check_number", "fail", "global_norm", "ascent_offset", "hyperparameter", "register_aggregator",
+    "register_aggregator_plugin", "register_correction", "register_perturbation", "registered_pieces",
+    "weighted_delta", "weighted_sum",
+    # the decentralized mixing rule's graphs
+    "TOPOLOGIES", "MixingMatrix", "Topology", "load_edges",
+    # the pieces and what they see
+    "Aggregator", "Capabilities", "ClientContext", "ClientPiece", "ClientUpdate", "Correction",
+    "FixedOffsetPerturbation", "GradFn", "LocalResult", "LossContext", "LossTerm", "MixingRule", "Perturbation",
+    "Piece", "RoundSummary", "SharpnessAware", "hessian_vector_product",
+]
 
 Tensor = torch.Tensor
 StateDict = dict[str, Tensor]
@@ -225,8 +247,11 @@ def hessian_vector_product(grad_at: GradFn, vector: Tensor | None = None) -> tup
     return method(vector)
 
 
-#: help text of ``rho``, the radius every SAM-type perturbation declares (each with its own default)
-RHO_HELP = "Perturbation radius of SAM-type steps (sam, gam, gam_original, lesam, smoo)."
+#: help text of ``rho``, the radius every SAM-type perturbation declares (each with its own default, which the
+#: registry adds to the flag's help)
+RHO_HELP = "Perturbation radius rho of the SAM-type steps: the length of the ascent step w -> w + e."
+#: help text of ``server_learning_rate``, which several server rules declare
+SERVER_LEARNING_RATE_HELP = "Server learning rate eta_g: w <- w + eta_g * sum_i p_i (w_i - w)."
 
 
 def ascent_offset(gradient: Tensor, rho: float) -> Tensor:

@@ -9,16 +9,20 @@ reads (model card, checkpoint fingerprint).
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
-from .base import Aggregator, Correction, MixingRule, Perturbation
-
-PERTURBATIONS: dict[str, type[Perturbation]] = {}
-CORRECTIONS: dict[str, type[Correction]] = {}
-#: server rules and the decentralized mixing rule (gossip), named alike by presets
-AGGREGATORS: dict[str, type[Aggregator] | type[MixingRule]] = {}
+# (no import of the piece base classes: algorithms.base re-exports the registration decorators for the piece files)
+#: perturbation name -> its ``Perturbation`` subclass
+PERTURBATIONS: dict[str, type] = {}
+#: correction name -> its ``Correction`` subclass
+CORRECTIONS: dict[str, type] = {}
+#: server rules (``Aggregator``) and the decentralized mixing rule (gossip, a ``MixingRule``), named alike by presets
+AGGREGATORS: dict[str, type] = {}
 PRESETS: dict[str, "AlgorithmSpec"] = {}
 #: aggregator plug-ins written as a suffix: ``"fedadam+fedgh"`` = FedGH harmonization in front of FedAdam
 AGGREGATOR_PLUGINS: dict[str, type] = {}
@@ -49,6 +53,16 @@ def _register(table: dict[str, type], kind: str):
 register_perturbation = _register(PERTURBATIONS, "perturbation")
 register_correction = _register(CORRECTIONS, "correction")
 register_aggregator = _register(AGGREGATORS, "aggregator")
+
+
+def registered_pieces(package: str, path: Iterable[str]) -> dict[str, type]:
+    """Import every module of the piece package ``package`` (``path``: its ``__path__``), which registers its
+    pieces; returns ``{class name: class}`` of every piece (and aggregator plug-in) those modules registered, for the
+    package's exports. Modules are imported in name order, so pieces register in the same order on every run."""
+    for module in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        importlib.import_module(f"{package}.{module.name}")
+    return {cls.__name__: cls for table in TABLES.values() for cls in table.values()
+            if cls.__module__.startswith(package + ".")}
 
 
 def _config_types(config_class: type) -> dict[str, Any]:

@@ -1,18 +1,11 @@
 """Client corrections: affine terms applied to the step direction, each with an optional server half.
 
-Every module of this package is imported (and so registered) here: a new correction is one new file.
+Every module of this package is imported (and so registered) here, and every correction it registers is exported
+under its class name: a new correction is one new file.
 """
 
-import importlib
-import pkgutil
+from ..algorithms.base import registered_pieces
 
-from .feddyn import FedDynCorrection
-from .fedup import FedUpCorrection
-from .momentum import MomentumCorrection
-from .prox import ProxCorrection
-from .scaffold import ScaffoldCorrection
-
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
-
-__all__ = ["FedDynCorrection", "FedUpCorrection", "MomentumCorrection", "ProxCorrection", "ScaffoldCorrection"]
+_PIECES = registered_pieces(__name__, __path__)
+globals().update(_PIECES)
+__all__ = sorted(_PIECES)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import LossContext, LossTerm, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, hyperparameter
-from ..algorithms.registry import register_correction
+from ..algorithms.base import (
+    LossContext, LossTerm, PieceConfig, Tensor, check_choice, check_number, hyperparameter, register_correction,
+)
 
 #: added to the variance before the square root (a constant feature of the batch stays finite)
 VARIANCE_EPS = 1e-8

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import ClientContext, Correction, LocalResult, StateDict, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_correction
+from ..algorithms.base import (
+    ClientContext, Correction, LocalResult, PieceConfig, StateDict, Tensor, check_number, hyperparameter,
+    register_correction,
+)
 
 @dataclass
 class FedDynConfig(PieceConfig):

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import ClientContext, Correction, RoundSummary, StateDict, Tensor, weighted_delta
-from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, hyperparameter
-from ..algorithms.registry import register_correction
+from ..algorithms.base import (
+    ClientContext, Correction, PieceConfig, RoundSummary, StateDict, Tensor, check_choice, check_number,
+    hyperparameter, register_correction, weighted_delta,
+)
 
 
 @dataclass

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algorithms.base import ClientContext, Correction, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_correction
+from ..algorithms.base import (
+    ClientContext, Correction, PieceConfig, Tensor, check_number, hyperparameter, register_correction,
+)
 
 
 @dataclass

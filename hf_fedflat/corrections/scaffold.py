@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import ClientContext, Correction, LocalResult, RoundSummary, StateDict, Tensor
-from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, hyperparameter
-from ..algorithms.registry import register_correction
+from ..algorithms.base import (
+    ClientContext, Correction, LocalResult, PieceConfig, RoundSummary, StateDict, Tensor, check_choice, check_number,
+    hyperparameter, register_correction,
+)
 
 
 ALL_CLIENTS, SAMPLED = "all_clients", "sampled"

@@ -13,7 +13,7 @@ from .._lazy import attach, exported_names
 
 _EXPORTS = {
     "..aggregators.gossip": ("GOSSIP_KEY", "GossipAggregator", "gossip_rows", "is_decentralized"),
-    "..aggregators.topology": (
+    "..algorithms.topology": (
         "TOPOLOGIES", "MixingMatrix", "Topology", "exponential", "fully_connected", "load_edges",
         "metropolis_hastings", "random_k_out", "random_regular", "ring", "spectral_gap",
         "uniform_neighbour_weights", "validate_mixing_matrix",
@@ -26,7 +26,7 @@ __all__ = exported_names(_EXPORTS)
 
 if TYPE_CHECKING:
     from ..aggregators.gossip import GOSSIP_KEY, GossipAggregator, gossip_rows, is_decentralized
-    from ..aggregators.topology import (
+    from ..algorithms.topology import (
         TOPOLOGIES,
         MixingMatrix,
         Topology,

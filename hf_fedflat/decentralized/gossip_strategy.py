@@ -32,7 +32,7 @@ from ..federation.wire import client_states_payload, split_payload
 from ..state import create_client_state_store
 from ..state.store import ClientStateStore
 from ..aggregators.gossip import GOSSIP_KEY
-from ..aggregators.topology import MixingMatrix
+from ..algorithms.topology import MixingMatrix
 
 #: settings that must match, besides the federated ones, for a checkpoint to be resumed
 DECENTRALIZED_FINGERPRINT_FIELDS = (

@@ -1,21 +1,11 @@
 """Client perturbations: how a step's direction is obtained from gradient passes.
 
-Every module of this package is imported (and so registered) here: a new perturbation is one new file.
+Every module of this package is imported (and so registered) here, and every perturbation it registers is exported
+under its class name: a new perturbation is one new file.
 """
 
-import importlib
-import pkgutil
+from ..algorithms.base import registered_pieces
 
-from .gam import GAMPerturbation, OriginalGAMPerturbation
-from .lesam import LESAMPerturbation
-from .none import NoPerturbation
-from .sam import SAMPerturbation
-from .smoo import SMOOPerturbation
-
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
-
-__all__ = [
-    "GAMPerturbation", "LESAMPerturbation", "NoPerturbation", "OriginalGAMPerturbation", "SAMPerturbation",
-    "SMOOPerturbation",
-]
+_PIECES = registered_pieces(__name__, __path__)
+globals().update(_PIECES)
+__all__ = sorted(_PIECES)

@@ -11,11 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.base import (
-    EPS, RHO_HELP, ClientContext, FixedOffsetPerturbation, LocalResult, RoundSummary, SharpnessAware, StateDict,
-    Tensor, global_norm,
+    EPS, RHO_HELP, ClientContext, FixedOffsetPerturbation, LocalResult, PieceConfig, RoundSummary, SharpnessAware,
+    StateDict, Tensor, check_choice, check_number, global_norm, hyperparameter, register_perturbation,
 )
-from ..algorithms.hyperparameters import PieceConfig, check_choice, check_number, hyperparameter
-from ..algorithms.registry import register_perturbation
 
 PER_CLIENT, LAST_GLOBAL_UPDATE = "per_client", "last_global_update"
 LESAM_DIRECTIONS = (PER_CLIENT, LAST_GLOBAL_UPDATE)

@@ -1,7 +1,6 @@
 """No perturbation (ERM): the step follows the minibatch gradient."""
 
-from ..algorithms.base import FixedOffsetPerturbation
-from ..algorithms.registry import register_perturbation
+from ..algorithms.base import FixedOffsetPerturbation, register_perturbation
 
 
 @register_perturbation
