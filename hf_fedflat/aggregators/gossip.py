@@ -5,7 +5,7 @@ training every client replaces it by ``x_i <- sum_j (W^Q)_ij z_j`` (``z_j``: cli
 its local round, or ``x_j`` if it did not train; ``Q`` gossip steps). The piece is registered as an
 aggregator so that presets compose it like any other server rule (``dfedsam`` = ``sam`` x ``gossip``);
 its capability ``decentralized=True`` is what makes a run decentralized (see
-:func:`hf_fedflat.federation.factory.trainer_class_for`), never the algorithm's name.
+:func:`hf_fedflat.federation.trainer_factory.trainer_class_for`), never the algorithm's name.
 
 Reference for the scheme: Sun et al., "Decentralized Federated Averaging", IEEE TPAMI 2022 (DFedAvg);
 Lian et al., D-PSGD, NeurIPS 2017.
