@@ -1,32 +1,37 @@
-"""No host-device sync in the training step (issue 20), checked on the CPU.
+"""No host-device sync in the training step, checked on the CPU.
 
-The SAM family's finiteness fallback runs on the device on accelerators (``algorithms.device_checks``). Here
-that path is forced on the CPU: it must give the host path's values bit for bit, finite norm or not, and with
-it no preset's step may read a tensor on the host (``HostReadCounter``: each read would be a sync on a GPU).
+The perturbations' finiteness fallback (``runtime.finite_fallback``, around the gradient oracle) runs on the device
+on accelerators. Here that path is forced on the CPU: for every registered perturbation it must give the host
+path's values bit for bit, finite offsets or not, and read nothing on the host; with it no preset's step may read a
+tensor on the host (``HostReadCounter``: each read would be a sync on a GPU).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
 
 from hf_fedflat import FedTrainingArguments, ParameterSpace, create_trainer, list_algorithms
-from hf_fedflat.algorithms.device_checks import device_side_checks
+from hf_fedflat.algorithms import ClientContext, LocalResult, Perturbation
 from hf_fedflat.algorithms.registry import PERTURBATIONS
 from hf_fedflat.diagnostics import HostReadCounter
-from hf_fedflat.runtime import client_loop
+from hf_fedflat.runtime import client_loop, finite_fallback
+from hf_fedflat.runtime.finite_fallback import device_side_checks
 from hf_fedflat.training.client_trainer import ClientTrainer
 
 from conftest import TinyClassifier
 from test_federated_run import TEST, TRAIN, run
 
 TRAINING_STEP, LOCAL_LOOP = ClientTrainer.training_step, client_loop.run  # (unpatched, whatever a test patches)
+CPU = torch.device("cpu")
 
-# (perturbation, config overrides): every perturbation with a finiteness fallback
-GUARDED = [
-    ("sam", {}), ("fedspeed_sam", {}), ("smoo", {}), ("gam", {}), ("gam_original", {}),
-    ("gam_first_order", {"hvp_mode": "finite_difference"}),
+#: every registered perturbation with its defaults, and the settings besides them that take another path
+CASES = [(name, {}) for name in sorted(PERTURBATIONS)] + [
+    ("gam_first_order", {"hvp_mode": "finite_difference"}), ("lesam", {"lesam_direction": "last_global_update"}),
 ]
+IDS = [name + "".join(f"-{v}" for v in overrides.values()) for name, overrides in CASES]
 
 
 def _perturbation(name, overrides):
@@ -34,66 +39,138 @@ def _perturbation(name, overrides):
     return cls(cls.config_class(**overrides))
 
 
-def _grad_at(poison: bool = False):
-    """``grad_at(offset)`` of a tiny classifier on one batch; ``poison``: the gradient at ``w`` has an Inf."""
-    torch.manual_seed(3)
-    model = TinyClassifier()
-    space = ParameterSpace(model)
-    w = space.flatten()
-    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
-    calls = []
+class TinyOracle:
+    """The gradient oracle of a tiny classifier on one batch (``hf_fedflat.algorithms.GradientOracle``).
 
-    def grad_at(offset):
-        space.load_(w if offset is None else w + offset)
-        model.zero_grad(set_to_none=True)
-        loss = model(x, labels=y)["loss"]
+    ``poison``: the first pass overflowed: its gradient (and a Hessian-vector product's ``H v``) has an Inf.
+    ``requests``: the passes of each request, in order (a Hessian-vector product counts two).
+    """
+
+    def __init__(self, poison: bool = False):
+        torch.manual_seed(3)
+        self.model = TinyClassifier()
+        self.space = ParameterSpace(self.model)
+        self.w = self.space.flatten()
+        self.x, self.y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        self.poison = poison
+        self.requests: list[int] = []
+        self.first_gradient = None
+
+    def _loss_at(self, offset):
+        self.space.load_(self.w if offset is None else self.w + offset)
+        self.model.zero_grad(set_to_none=True)
+        return self.model(self.x, labels=self.y)["loss"]
+
+    def _answer(self, passes, gradient, *more):
+        if not self.requests:
+            if self.poison:
+                for vector in (gradient, *more):
+                    vector[1] = float("inf")
+            self.first_gradient = gradient.clone()
+        self.requests.append(passes)
+
+    def __call__(self, offset):
+        loss = self._loss_at(offset)
         loss.backward()
-        grad = space.grad()
-        calls.append(offset is None)
-        if poison and offset is None:
-            grad[1] = float("inf")
-        return loss.detach(), grad
+        gradient = self.space.grad()
+        self._answer(1, gradient)
+        return loss.detach(), gradient
 
-    return grad_at, w.numel(), calls
+    def weights(self):
+        return self.w
+
+    def hessian_vector_product(self, vector=None):
+        loss = self._loss_at(None)
+        grads = torch.autograd.grad(loss, self.space.params, create_graph=True)
+        gradient = torch.cat([g.reshape(-1) for g in grads])
+        v = gradient.detach() if vector is None else vector
+        product = torch.cat([h.reshape(-1) for h in torch.autograd.grad(gradient @ v, self.space.params)])
+        gradient = gradient.detach().clone()
+        self._answer(2, gradient, product)
+        return loss.detach(), gradient, product
 
 
-def _workspace(name, numel):
-    if name != "smoo":
-        return None
+def _workspace(perturbation, w):
+    """What the perturbation's ``begin`` gives a client that took part before: its server state and its client
+    state (from its own ``end``) with random values."""
     g = torch.Generator().manual_seed(5)
-    return {"s": torch.randn(numel, generator=g) * 1e-2, "mu": torch.randn(numel, generator=g) * 1e-2}
+
+    def noisy(parts):
+        return {key: torch.randn(value.shape, generator=g) * 1e-2 for key, value in parts.items()}
+
+    name = perturbation.name
+    broadcast = {name: noisy(perturbation.broadcast(perturbation.init_server_state(w)))}
+    ctx = ClientContext(0, 1, w, broadcast, {}, learning_rate=0.1, num_samples=8)
+    state, _ = perturbation.end(ctx, perturbation.begin(ctx), LocalResult(w, 1, torch.zeros_like(w)))
+    ctx.state = {name: noisy(state or {})}
+    return perturbation.begin(ctx)
 
 
 def _direction(name, overrides, poison, device_side):
-    grad_at, numel, calls = _grad_at(poison)
-    workspace = _workspace(name, numel)
+    oracle = TinyOracle(poison)
     perturbation = _perturbation(name, overrides)
+    workspace = _workspace(perturbation, oracle.w)
+    initial = dict(workspace) if isinstance(workspace, dict) else {}
     if device_side:
         with device_side_checks():
-            loss, direction = perturbation.direction(grad_at, workspace)
+            loss, direction = finite_fallback.direction(perturbation, oracle, workspace, CPU)
     else:
-        loss, direction = perturbation.direction(grad_at, workspace)
-    return loss, direction, workspace, len(calls)
+        loss, direction = finite_fallback.direction(perturbation, oracle, workspace, CPU)
+    return loss, direction, workspace, initial, oracle
 
 
-@pytest.mark.parametrize("name,overrides", GUARDED, ids=[g[0] for g in GUARDED])
+@pytest.mark.parametrize("name,overrides", CASES, ids=IDS)
 @pytest.mark.parametrize("poison", [False, True], ids=["finite", "inf_gradient"])
 def test_device_side_checks_give_the_host_paths_values(name, overrides, poison):
-    host_loss, host_direction, host_workspace, host_passes = _direction(name, overrides, poison, False)
-    loss, direction, workspace, passes = _direction(name, overrides, poison, True)
+    host_loss, host_direction, host_workspace, _, host = _direction(name, overrides, poison, False)
+    loss, direction, workspace, initial, device = _direction(name, overrides, poison, True)
     assert torch.equal(loss, host_loss)
-    # gam_original's projection coefficient multiplies h+ apart on the device (the host fuses it into sub_)
-    tolerance = dict(rtol=1e-6, atol=1e-8) if name == "gam_original" and not poison else dict(rtol=0, atol=0)
-    torch.testing.assert_close(direction, host_direction, equal_nan=True, **tolerance)
-    if workspace is not None:  # SMOO's mu moves only on a usable step
-        torch.testing.assert_close(workspace["mu"], host_workspace["mu"], rtol=0, atol=0)
-        assert torch.equal(workspace["mu"], _workspace(name, direction.numel())["mu"]) == poison
-    if poison:  # the host path falls back after one pass; the device path runs them all and discards them
-        assert host_passes == 1 and passes == PERTURBATIONS[name].passes_per_step
+    torch.testing.assert_close(direction, host_direction, equal_nan=True, rtol=0, atol=0)
+    tensors = [key for key, value in initial.items() if isinstance(value, torch.Tensor)]
+    for key in tensors:  # per-step state (SMOO's mu) moves only on a usable step
+        torch.testing.assert_close(workspace[key], host_workspace[key], rtol=0, atol=0)
+        if poison:
+            assert torch.equal(workspace[key], initial[key])
+    if name == "smoo":
+        assert torch.equal(workspace["mu"], initial["mu"]) == poison
+    passes = PERTURBATIONS[name].passes_per_step
+    if poison:  # the host path falls back after the first request; the device path runs them all and discards them
+        assert sum(host.requests) == host.requests[0] and sum(device.requests) == passes
         assert not torch.isfinite(direction).all()
+        torch.testing.assert_close(direction, device.first_gradient, equal_nan=True, rtol=0, atol=0)
     else:
-        assert passes == host_passes == PERTURBATIONS[name].passes_per_step
+        assert sum(device.requests) == sum(host.requests) == passes
         assert torch.isfinite(direction).all()
+
+
+@pytest.mark.parametrize("name,overrides", CASES, ids=IDS)
+@pytest.mark.parametrize("poison", [False, True], ids=["finite", "inf_gradient"])
+def test_no_perturbation_reads_the_host_with_device_side_checks(name, overrides, poison):
+    oracle = TinyOracle(poison)
+    perturbation = _perturbation(name, overrides)
+    workspace = _workspace(perturbation, oracle.w)
+    with HostReadCounter() as counter, device_side_checks():
+        finite_fallback.direction(perturbation, oracle, workspace, CPU)
+    assert counter.total == 0, dict(counter.sites)
+
+
+class WritesIntoItsFirstGradient(Perturbation):
+    name = "writes_into_its_first_gradient"
+    passes_per_step = 2
+
+    def direction(self, grad_at, workspace):
+        loss, g = grad_at(None)
+        _, g2 = grad_at(g * 0.1)
+        return loss, g.add_(g2)
+
+
+def test_a_perturbation_may_not_write_into_its_first_gradient():
+    """That gradient is the step's direction where an offset is not finite: writing into it would change the
+    fallback on the device (the host path would have stopped before)."""
+    for device_side in (False, True):
+        with pytest.raises(RuntimeError, match="first pass"):
+            with device_side_checks() if device_side else contextlib.nullcontext():
+                finite_fallback.direction(WritesIntoItsFirstGradient(), TinyOracle(), None, CPU)
 
 
 def test_the_counter_counts_host_reads():
@@ -144,8 +221,8 @@ def test_no_preset_reads_the_host_in_its_step(monkeypatch, tmp_path, algorithm):
     assert loop.total == longer_loop.total == clients, (dict(loop.sites), dict(longer_loop.sites))
 
 
-def test_without_device_side_checks_the_sam_step_reads_the_norm(monkeypatch, tmp_path):
-    """The counter sees what the device path removes: one read per step on the CPU path."""
+def test_without_device_side_checks_the_sam_step_reads_its_offset_once(monkeypatch, tmp_path):
+    """The counter sees what the device path removes: one read per step on the CPU path (the offset's sum)."""
     step_counter = HostReadCounter()
 
     def counted_step(self, *args, **kwargs):
@@ -155,4 +232,4 @@ def test_without_device_side_checks_the_sam_step_reads_the_norm(monkeypatch, tmp
     monkeypatch.setattr(ClientTrainer, "training_step", counted_step)
     run(tmp_path, fed_algorithm="fedsam", num_rounds=1, local_steps=3, clients_per_round=2, num_clients=4)
     assert step_counter.total == 2 * 3
-    assert [site.split(":")[0] for _, site in step_counter.sites] == ["device_checks.py"]
+    assert [site.split(":")[0] for _, site in step_counter.sites] == ["finite_fallback.py"]

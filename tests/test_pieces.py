@@ -1,6 +1,6 @@
-"""The pieces on their own: the step function without a Trainer, the formulas' two evaluations, the configs
-beside the pieces, the packages' exports, and the rule that piece files are plain torch importing only the
-algorithm base."""
+"""The pieces on their own: the step function without a Trainer (its reference and fast forms), the formulas' two
+evaluations, the configs beside the pieces, a perturbation written in a test (one file's worth), the packages'
+exports, and the rule that piece files are plain torch importing only the algorithm base."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ import pytest
 import torch
 
 from hf_fedflat.algorithms import (
-    AGGREGATORS, CORRECTIONS, PERTURBATIONS, D, ClientContext, PieceConfig, W, build_algorithm, hyperparameter_fields,
+    AGGREGATORS, CORRECTIONS, PERTURBATIONS, D, ClientContext, FederatedAlgorithm, LocalResult, Perturbation,
+    PieceConfig, W, build_algorithm, global_norm, hyperparameter, hyperparameter_fields, list_algorithms,
     piece_defaults, piece_hyperparameters,
 )
+from hf_fedflat.algorithms.base import EPS, RHO_HELP
 from hf_fedflat.algorithms.affine import evaluate, evaluate_, symbol
-from hf_fedflat.algorithms.base import RHO_HELP
 from hf_fedflat.algorithms.registry import AGGREGATOR_PLUGINS
+from hf_fedflat.runtime import fast_step
 from hf_fedflat.training import ParameterSpace
 from hf_fedflat.training.step import takes_plain_step, training_step
 
@@ -50,8 +52,28 @@ def vector(dim, seed, scale=0.1):
     return scale * torch.randn(dim, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("in_place", [True, False])
-def test_step_function_without_a_trainer_equals_the_formula(in_place):
+def fast_vectors(space):
+    """The fast form's preallocated vectors and workspace views, as ``FastClientTrainer`` keeps them."""
+    kept = {}
+
+    def vectors(name):
+        if name not in kept:
+            flat = torch.empty(space.numel, dtype=space.dtype)
+            kept[name] = (flat, space.split(flat))
+        return kept[name]
+
+    return dict(vectors=vectors, views=space.split)
+
+
+def step_in_form(form, space, algorithm, workspaces, backward, **kwargs):
+    """One micro-batch through the reference step or the runtime's fast form."""
+    if form == "reference":
+        return training_step(space, algorithm, workspaces, backward, **kwargs)
+    return fast_step.training_step(space, algorithm, workspaces, backward, **fast_vectors(space), **kwargs)
+
+
+@pytest.mark.parametrize("form", ["fast", "reference"])
+def test_step_function_without_a_trainer_equals_the_formula(form):
     """LESAM's fixed offset, then prox, SCAFFOLD and momentum, at bias scale 0.5: on the tiny model, no Trainer."""
     model, space, x, y, backward = tiny_setup()
     args = SimpleNamespace(fed_algorithm="fedlesam", corrections="prox,scaffold,momentum", rho=0.2, prox_mu=0.3,
@@ -71,9 +93,9 @@ def test_step_function_without_a_trainer_equals_the_formula(in_place):
     d = g + mu * b * (w0 - w_global) + lam * b * (c - c_i)
     expected = a * d + (1 - a) * b * m
 
-    result = training_step(space, algorithm, workspaces, backward, bias_scale=lambda: b, in_place=in_place)
+    result = step_in_form(form, space, algorithm, workspaces, backward, bias_scale=lambda: b)
     torch.testing.assert_close(space.grad(), expected, rtol=0, atol=1e-6)
-    assert result.gradient_passes == 1 and result.in_place == in_place
+    assert result.gradient_passes == 1 and result.in_place == (form == "fast")
     assert torch.equal(space.flatten(), w0)  # the pass at w + e left w untouched
     assert not takes_plain_step(algorithm, workspaces)
 
@@ -90,9 +112,9 @@ def test_in_place_and_flat_evaluations_are_bit_identical():
                         state={"scaffold": {"c_i": vector(dim, 5)}, "feddyn": {"h": vector(dim, 6)}})
     workspaces = algorithm.begin_client(ctx)
     grads = []
-    for in_place in (True, False):
+    for form in ("fast", "reference"):
         space.clear_grad()
-        training_step(space, algorithm, workspaces, backward, bias_scale=lambda: 0.375, in_place=in_place)
+        step_in_form(form, space, algorithm, workspaces, backward, bias_scale=lambda: 0.375)
         grads.append(space.grad())
     assert torch.equal(grads[0], grads[1])
     space.clear_grad()
@@ -128,6 +150,110 @@ def test_step_function_plain_path_is_the_backward_alone():
     torch.testing.assert_close(space.grad(), flat(hand_grad(model, list(model.parameters()), x, y)), rtol=0, atol=1e-6)
     assert takes_plain_step(algorithm, workspaces) and result.gradient_passes == 1 and not result.in_place
     assert not asked  # no correction: the loss scale is never asked for (a GPU sync)
+
+
+def client_context(algorithm, w, full_gradient=None):
+    """A client that took part before: every client piece's server state and client state (from its own ``end``)
+    with random values, as its ``begin`` would receive them."""
+    g = torch.Generator().manual_seed(11)
+
+    def noisy(parts):
+        return {key: 0.01 * torch.randn(value.shape, generator=g) for key, value in parts.items()}
+
+    broadcast = {piece.name: noisy(piece.broadcast(piece.init_server_state(w))) for piece in algorithm.client_pieces}
+    ctx = ClientContext(0, 1, w, broadcast, {}, learning_rate=0.1, num_samples=8, full_gradient=full_gradient)
+    result = LocalResult(w, 1, 0.01 * torch.randn(w.shape, generator=g))
+    state, _ = algorithm.end_client(ctx, algorithm.begin_client(ctx), result)
+    ctx.state = {name: noisy(part) for name, part in state.items()}
+    return ctx
+
+
+def presets_with_client_steps():
+    return sorted(list_algorithms())
+
+
+@pytest.mark.parametrize("preset", presets_with_client_steps())
+def test_fast_step_is_bit_identical_to_the_reference_for_every_presets_pieces(preset):
+    """Two micro-batches of one optimizer step (the second adds to what p.grad holds), from the same weights and
+    workspaces: the same p.grad, losses and workspaces bit for bit through both forms."""
+    outcomes = {}
+    for form in ("reference", "fast"):
+        model, space, x, y, backward = tiny_setup()
+
+        def forward():
+            return model(x, labels=y)["loss"]
+
+        algorithm = build_algorithm(SimpleNamespace(fed_algorithm=preset, num_clients=4, seed=0))
+        w = space.flatten()
+        ctx = client_context(algorithm, w + vector(space.numel, 1), full_gradient=lambda: vector(space.numel, 2))
+        workspaces = algorithm.begin_client(ctx)
+        results = [step_in_form(form, space, algorithm, workspaces, backward, bias_scale=lambda: 0.5,
+                                forward=forward) for _ in range(2)]
+        assert torch.equal(space.flatten(), w)  # every pass left w untouched
+        outcomes[form] = (space.grad(), [r.loss for r in results], [r.gradient_passes for r in results],
+                          workspaces)
+    (reference, reference_losses, reference_passes, reference_ws), (fast, fast_losses, fast_passes, fast_ws) = (
+        outcomes["reference"], outcomes["fast"])
+    assert torch.equal(fast, reference)
+    assert all(torch.equal(a, b) for a, b in zip(fast_losses, reference_losses))
+    assert fast_passes == reference_passes
+    for name, workspace in reference_ws.items():
+        if isinstance(workspace, dict):
+            for key, value in workspace.items():
+                if isinstance(value, torch.Tensor):
+                    assert torch.equal(fast_ws[name][key], value), (name, key)
+
+
+# --- a perturbation written in a test, as one piece file would be ------------------------------------------
+@dataclasses.dataclass
+class AdaptiveSAMConfig(PieceConfig):
+    rho: float = hyperparameter(0.5, RHO_HELP)
+    asam_eta: float = hyperparameter(0.01, "ASAM: eta of the normalisation T = |w| + eta.")
+
+
+class AdaptiveSAMPerturbation(Perturbation):
+    """FedASAM's step (Kwon et al., ASAM, ICML 2021; in FL Caldarola et al., ECCV 2022): ``T = |w| + eta``
+    (elementwise), ``e = rho * T^2 g / ||T g||``, ``d = grad F(w + e; B)``. Not registered (it would add flags to
+    every run of the test session)."""
+
+    name = "asam"
+    passes_per_step = 2
+    config_class = AdaptiveSAMConfig
+
+    def direction(self, grad_at, workspace):
+        c = self.config
+        loss, g = grad_at(None)
+        t = grad_at.weights().abs().add_(c.asam_eta)
+        tg = t * g
+        _, g_asam = grad_at(t * tg * (c.rho / (global_norm(tg) + EPS)))
+        return loss, g_asam
+
+
+@pytest.mark.parametrize("form", ["reference", "fast"])
+def test_an_adaptive_perturbation_reads_the_weights_from_the_oracle(form, monkeypatch):
+    """FedASAM in one test-local class through both step forms, with FedProx (which reads ``W`` too): the step equals
+    the formula by hand, and the weights are copied once for both."""
+    model, space, x, y, backward = tiny_setup()
+    rho, eta, mu = 0.5, 0.01, 0.3
+    prox = build_algorithm(SimpleNamespace(fed_algorithm="fedprox", prox_mu=mu)).corrections
+    algorithm = FederatedAlgorithm("fedasam_prox", AdaptiveSAMPerturbation(AdaptiveSAMConfig(rho, eta)), prox,
+                                   build_algorithm(SimpleNamespace(fed_algorithm="fedavg")).aggregator)
+    w = space.flatten()
+    w_global = w + vector(space.numel, 3)
+    workspaces = algorithm.begin_client(ClientContext(0, 0, w_global, {}, {}, 0.1, 8))
+
+    g = flat(hand_grad(model, space.split(w), x, y))
+    t = w.abs() + eta
+    e = rho * t * t * g / (t * g).norm()
+    expected = flat(hand_grad(model, space.split(w + e), x, y)) + mu * (w - w_global)
+
+    copies = []
+    flatten = space.flatten
+    monkeypatch.setattr(space, "flatten", lambda out=None: copies.append(1) or flatten(out=out))
+    result = step_in_form(form, space, algorithm, workspaces, backward)
+    torch.testing.assert_close(space.grad(), expected, rtol=0, atol=1e-6)
+    assert result.gradient_passes == 2 and len(copies) == 1
+    assert (e.abs() / (rho * g.abs() / g.norm())).std() > 0.1  # the offset is not SAM's: T reweights it
 
 
 def test_affine_expressions_keep_the_written_terms_and_order():
@@ -234,11 +360,11 @@ def test_piece_files_import_no_runtime_machinery(path):
 
 
 def test_the_import_scan_sees_relative_imports():
-    sample = PACKAGE / "training" / "client_trainer.py"  # machinery: it does import the runtime
+    sample = PACKAGE / "training" / "step.py"  # machinery: it does import the runtime
     assert any(name.startswith("hf_fedflat.runtime") for name in imported_modules(sample))
 
 
-PIECE_PACKAGES = ("corrections", "aggregators")  # (the perturbations still import the step's finite checks)
+PIECE_PACKAGES = ("perturbations", "corrections", "aggregators")
 PIECE_MODULES = sorted(p for package in PIECE_PACKAGES for p in (PACKAGE / package).glob("*.py"))
 ALGORITHM_BASE = "hf_fedflat.algorithms.base"
 
@@ -275,7 +401,9 @@ def test_piece_files_import_only_torch_the_standard_library_and_the_algorithm_ba
 
 
 def test_the_piece_import_scan_sees_what_it_forbids():
-    assert "hf_fedflat.runtime" in imports_of(PACKAGE / "training" / "client_trainer.py")
+    assert "hf_fedflat.training.step" not in imports_of(PACKAGE / "training" / "client_trainer.py")
+    assert "hf_fedflat.runtime.finite_fallback" not in imports_of(PACKAGE / "training" / "step.py")  # (a package)
+    assert "hf_fedflat.runtime" in imports_of(PACKAGE / "training" / "step.py")
     assert "numpy" in imports_of(PACKAGE / "algorithms" / "topology.py")
 
 

@@ -10,14 +10,15 @@ halves in one piece is what lets any correction combine with any aggregator.
 
 A piece file (``perturbations/``, ``corrections/``, ``aggregators/``) imports torch, the standard library and this
 module only: the config helpers (``PieceConfig``, ``hyperparameter``, the checks) and the registration decorators
-are re-exported here.
+are re-exported here. A perturbation is written as its paper's formula over a :class:`GradientOracle`; what the
+step does around it (the non-finite fallback, the device-sync care, preallocated vectors) is the runtime's.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, Protocol
 
 import torch
 
@@ -38,16 +39,40 @@ __all__ = [
     "TOPOLOGIES", "MixingMatrix", "Topology", "load_edges",
     # the pieces and what they see
     "Aggregator", "Capabilities", "ClientContext", "ClientPiece", "ClientUpdate", "Correction",
-    "FixedOffsetPerturbation", "GradFn", "LocalResult", "LossContext", "LossTerm", "MixingRule", "Perturbation",
-    "Piece", "RoundSummary", "SharpnessAware", "hessian_vector_product",
+    "FixedOffsetPerturbation", "GradientOracle", "LocalResult", "LossContext", "LossTerm", "MixingRule", "Perturbation",
+    "Piece", "RoundSummary", "SharpnessAware",
 ]
 
 Tensor = torch.Tensor
 StateDict = dict[str, Tensor]
-#: ``grad_at(offset)`` -> ``(loss, flat_grad)`` of the current minibatch at ``w + offset`` (``None``: at ``w``).
-#: The training step's ``grad_at`` also has ``grad_at.hessian_vector_product(vector)`` (see
-#: :func:`hessian_vector_product`) for perturbations that need second derivatives (DFedGAM's ``H g``).
-GradFn = Callable[[Tensor | None], tuple[Tensor, Tensor]]
+
+
+class GradientOracle(Protocol):
+    """What :meth:`Perturbation.direction` asks for gradients: ``grad_at``.
+
+    The training step makes one per micro-batch (``hf_fedflat.training.step.StepOracle``); the runtime wraps it with
+    the non-finite fallback (``hf_fedflat.runtime.finite_fallback``), so a perturbation writes its formula and nothing
+    else: when an offset it asks for is not finite, the step's direction becomes its first pass's gradient (and its
+    workspace entries stay as they were), whatever the perturbation does after.
+
+    * ``grad_at(offset)`` -> ``(loss, g)``: one forward and backward pass of the current minibatch at ``w + offset``
+      (``None``: at ``w``); ``w`` is left untouched, ``g`` is flat and new (the perturbation may write into it, except
+      into its first pass's: that one is the step's fallback).
+    * ``grad_at.weights()`` -> ``w``: the current trainable weights, flat (made on the first call of the step, then
+      the same tensor; read it, do not write into it).
+    * ``grad_at.hessian_vector_product(v)`` -> ``(loss, g, H v)`` at ``w`` by double backward (``v`` None: ``H g``);
+      counts as two passes. Needs the step's forward-only loss closure: the step raises a ``TypeError`` without one.
+
+    Per-step state (SMOO's ``mu_i``) is replaced in the workspace (``workspace["mu"] = mu + e - s``), not written into:
+    on a step that falls back the runtime keeps the old entries.
+    """
+
+    def __call__(self, offset: Tensor | None) -> tuple[Tensor, Tensor]: ...
+
+    def weights(self) -> Tensor: ...
+
+    def hessian_vector_product(self, vector: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]: ...
+
 
 EPS = 1e-12
 
@@ -201,7 +226,7 @@ class Perturbation(ClientPiece, ABC):
     passes_per_step: ClassVar[int] = 1
 
     @abstractmethod
-    def direction(self, grad_at: GradFn, workspace: Any) -> tuple[Tensor, Tensor]:
+    def direction(self, grad_at: GradientOracle, workspace: Any) -> tuple[Tensor, Tensor]:
         """Returns ``(loss, d)``: the loss to report and the direction of the step as a flat vector."""
 
 
@@ -219,7 +244,7 @@ class FixedOffsetPerturbation(Perturbation):
     def offset(self, workspace: Any) -> Tensor | None:
         """The client's offset ``e`` for this round (flat), or None: the gradient at ``w`` itself."""
 
-    def direction(self, grad_at: GradFn, workspace: Any) -> tuple[Tensor, Tensor]:
+    def direction(self, grad_at: GradientOracle, workspace: Any) -> tuple[Tensor, Tensor]:
         return grad_at(self.offset(workspace))
 
 
@@ -230,21 +255,6 @@ class SharpnessAware(ABC):
     @abstractmethod
     def drift_offset(self, workspace: Any, local_gradient: Tensor) -> Tensor | None:
         """This client's ``e_i`` at ``w^t`` given its full local gradient there (None: none this round)."""
-
-
-def hessian_vector_product(grad_at: GradFn, vector: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """``(loss, g, H v)`` of the current minibatch at ``w``, by double backward (one forward, the backward with
-    ``create_graph=True``, a second backward of ``g . v``); ``vector`` None: ``v = g`` (then ``H g``).
-
-    ``grad_at`` is the one the training step passes to :meth:`Perturbation.direction`; a stand-in without the
-    method (a test's closure) raises a ``TypeError`` naming what is missing. ``g`` and ``H v`` are flat, detached.
-    """
-    method = getattr(grad_at, "hessian_vector_product", None)
-    if method is None:
-        raise TypeError("This perturbation needs Hessian-vector products (double backward): the training step must "
-                        "be given a forward-only loss closure (training_step(..., forward=...)); a bare grad_at "
-                        "function has none. Use hvp_mode='finite_difference' to need only gradients.")
-    return method(vector)
 
 
 #: help text of ``rho``, the radius every SAM-type perturbation declares (each with its own default, which the

@@ -2,10 +2,10 @@
 
 ``.item()``, ``bool(t)``, ``float(t)``, ``.tolist()``, ``.numpy()``, ``.cpu()``, ``nonzero`` and the like make
 the host wait for every kernel launched before them; a training step free of them lets the host queue the next
-step's kernels while the GPU runs this one (issue 20: no sync in the step, finite checks batched per client).
+step's kernels while the GPU runs this one (so the step reads none, and finite checks are batched per client).
 :class:`HostReadCounter` counts them through a ``TorchFunctionMode``, on any device: on the CPU, where they
 cost nothing, it still tells how many syncs the same code would make on a GPU (combine with
-:func:`hf_fedflat.algorithms.device_checks.device_side_checks` to take the accelerator's code path there).
+:func:`hf_fedflat.runtime.finite_fallback.device_side_checks` to take the accelerator's code path there).
 """
 
 from __future__ import annotations

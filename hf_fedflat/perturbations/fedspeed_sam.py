@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset
-from ..algorithms.device_checks import checked_norm, select, usable_offset
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_perturbation
+from ..algorithms.base import (
+    EPS, RHO_HELP, GradientOracle, Perturbation, PieceConfig, SharpnessAware, Tensor, ascent_offset, check_number,
+    global_norm, hyperparameter, register_perturbation,
+)
 
 
 @dataclass
@@ -30,20 +30,17 @@ class FedSpeedSAMConfig(PieceConfig):
 @register_perturbation
 class FedSpeedSAMPerturbation(Perturbation, SharpnessAware):
     """``g_1 = grad F(w; B)``, ``g_2 = grad F(w + rho g_1/||g_1||; B)``, ``d = (1 - alpha) g_1 + alpha g_2``
-    (alpha = 1: SAM). A non-finite ``||g_1||`` falls back to ``g_1``. Reported loss: at ``w``."""
+    (alpha = 1: SAM). Reported loss: at ``w``."""
 
     name = "fedspeed_sam"
     passes_per_step = 2
     config_class = FedSpeedSAMConfig
 
-    def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
+    def direction(self, grad_at: GradientOracle, workspace) -> tuple[Tensor, Tensor]:
         loss, g1 = grad_at(None)
-        norm, ok = checked_norm(g1)
-        if ok is False:
-            return loss, g1
-        _, g2 = grad_at(usable_offset(g1 * (self.config.rho / (norm + EPS)), ok))
+        _, g2 = grad_at(g1 * (self.config.rho / (global_norm(g1) + EPS)))
         alpha = self.config.fedspeed_alpha
-        return loss, select(ok, torch.add(torch.mul(g1, 1.0 - alpha), g2, alpha=alpha), g1)
+        return loss, torch.add(torch.mul(g1, 1.0 - alpha), g2, alpha=alpha)
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)

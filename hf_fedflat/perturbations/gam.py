@@ -11,19 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset
-from ..algorithms.device_checks import Flag, both, checked_norm, select, usable_offset
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_perturbation
+from ..algorithms.base import (
+    EPS, RHO_HELP, GradientOracle, Perturbation, PieceConfig, SharpnessAware, Tensor, ascent_offset, check_number,
+    global_norm, hyperparameter, register_perturbation,
+)
 
 
-def _unit(vector: Tensor) -> tuple[Tensor | None, Flag]:
-    """``(v / ||v||, usable)``; ``(None, False)`` when the norm is not finite (an fp16 overflow the scaler will
-    skip), tested on the host on the CPU; elsewhere on the device (zeros and a tensor flag: ``device_checks``)."""
-    norm, ok = checked_norm(vector)
-    if ok is False:
-        return None, ok
-    return usable_offset(vector / (norm + EPS), ok), ok
+def unit(vector: Tensor) -> Tensor:
+    """``v / ||v||``."""
+    return vector / (global_norm(vector) + EPS)
 
 
 @dataclass
@@ -50,16 +46,11 @@ class GAMPerturbation(Perturbation, SharpnessAware):
     passes_per_step = 2
     config_class = GAMConfig
 
-    def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
+    def direction(self, grad_at: GradientOracle, workspace) -> tuple[Tensor, Tensor]:
         rho, alpha = self.config.rho, self.config.gam_alpha
-        loss, grad = grad_at(None)
-        unit, ok = _unit(grad)
-        if unit is None:
-            return loss, grad
-        _, ascent_grad = grad_at(unit * rho)
-        if ok is True:
-            return loss, grad.add_(ascent_grad, alpha=alpha * rho)
-        return loss, select(ok, torch.add(grad, ascent_grad, alpha=alpha * rho), grad)
+        loss, g = grad_at(None)
+        _, g_ascent = grad_at(unit(g) * rho)
+        return loss, torch.add(g, g_ascent, alpha=alpha * rho, out=g_ascent)  # g + alpha rho g_ascent
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)
@@ -97,31 +88,18 @@ class OriginalGAMPerturbation(Perturbation, SharpnessAware):
     passes_per_step = 4
     config_class = OriginalGAMConfig
 
-    def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
+    def direction(self, grad_at: GradientOracle, workspace) -> tuple[Tensor, Tensor]:
         c = self.config
         loss, g0 = grad_at(None)
-        unit0, ok0 = _unit(g0)
-        if unit0 is None:
-            return loss, g0
-        _, g1 = grad_at(unit0 * c.gam_rho_prime)
-        unit_h0, ok1 = _unit(g1 - g0)
-        if unit_h0 is None:
-            return loss, g0
-        offset2 = unit_h0 * c.rho
-        _, g2 = grad_at(offset2)
-        unit2, ok2 = _unit(g2)
-        if unit2 is None:
-            return loss, g0
-        _, g3 = grad_at(offset2 + unit2 * c.gam_rho_prime)
+        _, g1 = grad_at(unit(g0) * c.gam_rho_prime)
+        e2 = unit(g1 - g0) * c.rho  # w2 = w + e2, h0 = g1 - g0
+        _, g2 = grad_at(e2)
+        _, g3 = grad_at(e2 + unit(g2) * c.gam_rho_prime)
         h_plus = g1.mul(c.gam_grad_alpha).add_(g3, alpha=1 - c.gam_grad_alpha)
         h_minus = g0.mul(c.gam_grad_beta).add_(g2, alpha=1 - c.gam_grad_beta)
         along = torch.dot(h_minus, h_plus) / (torch.dot(h_plus, h_plus) + EPS)
-        ok = both(both(ok0, ok1), ok2)
-        if ok is True:  # (the CPU: reading the coefficient costs nothing, and sub_ with alpha fuses the product)
-            orthogonal = h_minus.sub_(h_plus, alpha=float(along))
-        else:  # on the device it stays there: within an ulp of the fused form
-            orthogonal = h_minus.sub_(h_plus * along)
-        return loss, select(ok, h_plus.sub_(orthogonal, alpha=c.gam_gamma), g0)
+        orthogonal = h_minus.addcmul_(h_plus, along, value=-1)  # h- - along h+ (the product fused into the sum)
+        return loss, h_plus.sub_(orthogonal, alpha=c.gam_gamma)
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)

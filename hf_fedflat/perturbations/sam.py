@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algorithms.base import EPS, RHO_HELP, GradFn, Perturbation, SharpnessAware, Tensor, ascent_offset
-from ..algorithms.device_checks import checked_norm, select, usable_offset
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_perturbation
+from ..algorithms.base import (
+    EPS, RHO_HELP, GradientOracle, Perturbation, PieceConfig, SharpnessAware, Tensor, ascent_offset, check_number,
+    global_norm, hyperparameter, register_perturbation,
+)
 
 
 @dataclass
@@ -26,24 +26,19 @@ class SAMConfig(PieceConfig):
 class SAMPerturbation(Perturbation, SharpnessAware):
     """``e = rho * g / ||g||``, ``d = grad F(w + e; B)`` on the same minibatch B.
 
-    The norm is global over all trainable parameters. When ``||g||`` is not finite (an fp16 overflow
-    the loss scaler will skip anyway) the step falls back to ``g``, tested on the device on accelerators
-    (:mod:`~hf_fedflat.algorithms.device_checks`: no host sync). The reported loss is the loss at
-    ``w``. Normalisation layers run in training mode in both passes; the federated models here use
-    GroupNorm, which has no running statistics to disturb.
+    The norm is global over all trainable parameters. The reported loss is the loss at ``w``. Normalisation
+    layers run in training mode in both passes; the federated models here use GroupNorm, which has no running
+    statistics to disturb.
     """
 
     name = "sam"
     passes_per_step = 2
     config_class = SAMConfig
 
-    def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
-        loss, grad = grad_at(None)
-        norm, ok = checked_norm(grad)
-        if ok is False:
-            return loss, grad
-        _, perturbed_grad = grad_at(usable_offset(grad * (self.config.rho / (norm + EPS)), ok))
-        return loss, select(ok, perturbed_grad, grad)
+    def direction(self, grad_at: GradientOracle, workspace) -> tuple[Tensor, Tensor]:
+        loss, g = grad_at(None)
+        _, g_sam = grad_at(g * (self.config.rho / (global_norm(g) + EPS)))
+        return loss, g_sam
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)

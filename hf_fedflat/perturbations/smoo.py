@@ -11,12 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.base import (
-    EPS, RHO_HELP, ClientContext, GradFn, LocalResult, Perturbation, RoundSummary, SharpnessAware, StateDict, Tensor,
-    ascent_offset, global_norm,
+    EPS, RHO_HELP, ClientContext, GradientOracle, LocalResult, Perturbation, PieceConfig, RoundSummary, SharpnessAware,
+    StateDict, Tensor, ascent_offset, check_number, global_norm, hyperparameter, register_perturbation,
 )
-from ..algorithms.device_checks import checked_norm, select, usable_offset
-from ..algorithms.hyperparameters import PieceConfig, check_number, hyperparameter
-from ..algorithms.registry import register_perturbation
 
 
 @dataclass
@@ -46,20 +43,14 @@ class SMOOPerturbation(Perturbation, SharpnessAware):
         mu = ctx.state.get(self.name, {}).get("mu")
         return {"s": s, "mu": torch.zeros_like(s) if mu is None else mu.clone()}
 
-    def direction(self, grad_at: GradFn, workspace) -> tuple[Tensor, Tensor]:
-        loss, grad = grad_at(None)
+    def direction(self, grad_at: GradientOracle, workspace) -> tuple[Tensor, Tensor]:
+        loss, g = grad_at(None)
         s, mu = workspace["s"], workspace["mu"]
-        corrected = grad - mu - s
-        norm, ok = checked_norm(corrected)
-        if ok is False:
-            return loss, grad
-        offset = usable_offset(corrected.mul_(self.config.rho / (norm + EPS)), ok)
-        if ok is True:
-            mu.add_(offset).sub_(s)
-        else:  # (on the device: mu moves only on a usable step, as with the host test)
-            mu.copy_(torch.where(ok, mu + offset - s, mu))
-        _, perturbed_grad = grad_at(offset)
-        return loss, select(ok, perturbed_grad, grad)
+        g_hat = g - mu - s
+        e = g_hat.mul_(self.config.rho / (global_norm(g_hat) + EPS))
+        workspace["mu"] = mu + e - s
+        _, g_perturbed = grad_at(e)
+        return loss, g_perturbed
 
     def drift_offset(self, workspace, local_gradient: Tensor) -> Tensor:
         return ascent_offset(local_gradient, self.config.rho)

@@ -11,6 +11,9 @@ Nothing here changes a number: with the fast path off (``HF_FEDFLAT_FAST_PATH=0`
 - :mod:`.memory`: ``HeapTrimmer`` (glibc ``malloc_trim`` / ``mallinfo2`` through ctypes).
 - :mod:`.trainer`: the local Trainer's fast path (optimizer reuse, seeding, accelerate patches);
   imported by ``training.ClientTrainer`` only.
+- :mod:`.fast_step`: the training step's fast form (preallocated vectors, corrections applied to ``p.grad`` in place).
+- :mod:`.finite_fallback`: the perturbations' non-finite fallback around the gradient oracle, without a host-device
+  sync on accelerators (not behind the switch: it is part of every step's semantics).
 - :mod:`.client_loop`: the lean client loop, ``Trainer._inner_training_loop`` without what the federated loop
   turned off (materialised rows batched without a DataLoader, torch's clipping, one ``model.train()`` per client).
 - :mod:`.materialize`: fixed-shape numeric client data read once into tensors.

@@ -14,7 +14,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from .. import runtime
 from ..algorithms.base import LossContext, LossTerm
 from ..algorithms.composed import FederatedAlgorithm
-from ..runtime import client_loop
+from ..runtime import client_loop, fast_step
 from ..runtime import trainer as fast
 from ..runtime.memory import HeapTrimmer
 from . import step
@@ -152,10 +152,7 @@ class ClientTrainer(Trainer):
         return scale / max(1, getattr(self, "current_gradient_accumulation_steps", 1) or 1)
 
     def _scratch(self, name: str) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
-        """A preallocated flat vector and its per-parameter views, reused by every step (``None`` when reuse
-        is off: the reference path allocates per step)."""
-        if not self.keeps_step_buffers:
-            return None
+        """A preallocated flat vector and its per-parameter views, reused by every step (the fast form's)."""
         entry = self._scratch_vectors.get(name)
         if entry is None:
             space = self.space
@@ -164,18 +161,21 @@ class ClientTrainer(Trainer):
         return entry
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """One micro-batch: the algorithm's step (:func:`hf_fedflat.training.step.training_step`) around the
-        Trainer's own forward and backward pass."""
+        """One micro-batch: the algorithm's step (:func:`hf_fedflat.training.step.training_step`, or its fast form
+        :func:`hf_fedflat.runtime.fast_step.training_step`) around the Trainer's own forward and backward pass."""
         if self.algorithm is None:
             self.gradient_passes += 1
             return super().training_step(model, inputs, num_items_in_batch)
         forward_backward = self.forward_backward or functools.partial(Trainer.training_step, self)
-        result = step.training_step(
-            self.space, self.algorithm, self.workspaces,
-            lambda: forward_backward(model, inputs, num_items_in_batch),
-            bias_scale=self._bias_scale, in_place=self.keeps_step_buffers, scratch=self._scratch,
-            workspace_views=self._workspace_views, forward=lambda: self._forward_loss(model, inputs, num_items_in_batch),
-        )
+        backward = lambda: forward_backward(model, inputs, num_items_in_batch)  # noqa: E731
+        forward = lambda: self._forward_loss(model, inputs, num_items_in_batch)  # noqa: E731
+        if self.keeps_step_buffers:
+            result = fast_step.training_step(self.space, self.algorithm, self.workspaces, backward,
+                                             vectors=self._scratch, views=self._workspace_views,
+                                             bias_scale=self._bias_scale, forward=forward)
+        else:
+            result = step.training_step(self.space, self.algorithm, self.workspaces, backward,
+                                        bias_scale=self._bias_scale, forward=forward)
         self.gradient_passes += result.gradient_passes
         self.in_place_steps += result.in_place
         return result.loss
