@@ -41,7 +41,7 @@ spec.loader.exec_module(bench)
 import torch  # noqa: E402
 
 from hf_fedflat import runtime  # noqa: E402
-from hf_fedflat.runtime import trainer as fast  # noqa: E402
+from hf_fedflat.runtime import fast_trainer as fast  # noqa: E402
 
 #: mechanisms measured in one process, per section (buffer_pool needs 2 processes; step_buffers a correction)
 IN_PROCESS = {

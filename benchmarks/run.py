@@ -432,7 +432,8 @@ def run_federated(setting: Setting, data: Data, algorithm: str = "fedavg", profi
         output = trainer.train()
     timing.final_params = output.params
     timing.gradient_passes = trainer.client_trainer.gradient_passes
-    timing.extra["heap_trims"] = trainer.client_trainer.heap.trims
+    heap = getattr(trainer.client_trainer, "heap", None)  # (the fast path's local trainer only)
+    timing.extra["heap_trims"] = heap.trims if heap is not None else 0
     return timing, clock.profiler
 
 

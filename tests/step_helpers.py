@@ -1,4 +1,5 @@
-"""Helpers for the hand-computed step tests: a ClientTrainer on the tiny model, gradients by autograd."""
+"""Helpers for the hand-computed step tests: the local Trainer a run builds on the tiny model, gradients by
+autograd."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from hf_fedflat import FedTrainingArguments
 from hf_fedflat.algorithms import ClientContext
 from hf_fedflat.federation import local_training_arguments
-from hf_fedflat.training import ClientTrainer
+from hf_fedflat.runtime.fast_trainer import client_trainer_class
 
 from conftest import tiny_loss
 
@@ -19,7 +20,7 @@ def make_trainer(tmp_path, model, **overrides):
         output_dir=str(tmp_path), use_cpu=True, num_clients=2, clients_per_round=2, learning_rate=LR,
         per_device_train_batch_size=8, **overrides,
     )
-    return args, ClientTrainer(model=model, args=local_training_arguments(args))
+    return args, client_trainer_class()(model=model, args=local_training_arguments(args))
 
 
 def hand_grad(model, params, x, y):

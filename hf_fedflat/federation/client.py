@@ -14,7 +14,7 @@ import torch
 from ..algorithms import ClientContext, ClientUpdate, LocalResult
 from ..diagnostics.run import DIAGNOSTICS_MESSAGE
 from ..training.parameters import all_finite
-from ..runtime.materialize import materialize, skip_missing_video_reader, wrap_collator
+from ..runtime.fast_trainer import materialized_training_data
 from ..runtime.lanes import current_lane
 from ..runtime.vectors import empty_like
 from .concurrent import ConcurrentClients
@@ -76,16 +76,9 @@ class LocalTraining:
         return self._client_datasets[client_id]
 
     def _materialize(self):
-        """The training data as tensors (mechanism ``materialize``), or False where that does not apply."""
-        trainer = self.client_trainer
-        if not trainer.fast_path("materialize"):
-            return False
-        materialized = materialize(trainer, self.train_dataset)
-        if materialized is None:
-            skip_missing_video_reader()  # the datasets path formats every value: one probe, not one per value
-            return False
-        trainer.data_collator = wrap_collator(trainer.data_collator)
-        return materialized
+        """The training data as tensors (the runtime's ``materialize``), or False where that does not apply."""
+        materialized = materialized_training_data(self.client_trainer, self.train_dataset)
+        return False if materialized is None else materialized
 
     def local_work(self, client_id: int) -> tuple[int, int]:
         """``(optimizer steps, samples forwarded)`` of the client's local run (the Trainer's schedule)."""

@@ -23,8 +23,9 @@ from ..diagnostics import RunDiagnostics
 from ..hub.push import HubPushCallback, ModelCardCallback
 from ..io import atomic_save_safetensors, atomic_write_json
 from ..metrics import accuracy_metrics
+from ..runtime.fast_trainer import client_trainer_class
 from ..state import create_client_state_store
-from ..training import BufferSpace, ClientTrainer
+from ..training import BufferSpace
 from .checkpoint import RunCheckpoints
 from .client import FailurePolicy, LocalTraining
 from .comm import get_process_group, quiet_process_group_warning
@@ -165,7 +166,7 @@ class FederatedTrainer(TrainerAPI):
                     "model (e.g. create_model('resnet18_gn', ...), as the federated papers do) or set "
                     "batchnorm_buffers='average' to average the statistics across clients."
                 )
-        self.client_trainer = ClientTrainer(
+        self.client_trainer = client_trainer_class()(
             model=model, args=local_training_arguments(args), data_collator=data_collator,
             compute_metrics=compute_metrics, processing_class=processing_class,
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,

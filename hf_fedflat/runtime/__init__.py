@@ -9,8 +9,9 @@ Nothing here changes a number: with the fast path off (``HF_FEDFLAT_FAST_PATH=0`
 - :mod:`.vectors`: recycled model-sized vectors (``recycle_vectors``, ``empty_like``, ...) and the
   exchange's ``BufferPool``.
 - :mod:`.memory`: ``HeapTrimmer`` (glibc ``malloc_trim`` / ``mallinfo2`` through ctypes).
-- :mod:`.trainer`: the local Trainer's fast path (optimizer reuse, seeding, accelerate patches);
-  imported by ``training.ClientTrainer`` only.
+- :mod:`.fast_trainer`: ``FastClientTrainer``, the local Trainer's fast path (optimizer reuse, seeding, accelerate
+  patches, the lean client loop, the step's fast form), and ``client_trainer_class()``: which local Trainer a run
+  builds, the one place the switch chooses it.
 - :mod:`.fast_step`: the training step's fast form (preallocated vectors, corrections applied to ``p.grad`` in place).
 - :mod:`.finite_fallback`: the perturbations' non-finite fallback around the gradient oracle, without a host-device
   sync on accelerators (not behind the switch: it is part of every step's semantics).

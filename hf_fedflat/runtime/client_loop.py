@@ -4,7 +4,7 @@ loop has turned off.
 A client of a small model trains for one or two optimizer steps of ~1 ms; around them the Trainer's loop runs
 callback events, logging and speed bookkeeping, a FLOP count per micro-batch (a walk over the model), a
 ``model.train()`` per micro-batch, a prepared DataLoader per client, accelerate's clipping dispatch, and a
-checkpoint-folder scan at the end: workload 6 of issue 20 (``benchmarks/user_data.py``) ran at 1.9x a plain
+checkpoint-folder scan at the end: workload 6 (``benchmarks/user_data.py``: FedAvg on digits) ran at 1.9x a plain
 PyTorch loop. This loop runs the same micro-batches (the same ``get_batch_samples`` grouping, loss normalisation
 and sync flags), the same clipping, optimizer and scheduler steps, and stops at ``max_steps``; bit-identical
 weights and losses (``tests/test_client_loop.py``). Its parts, each measured on that workload (README):
@@ -157,7 +157,7 @@ def direct_clipping(trainer, parameters: list[torch.Tensor]):
     Where every parameter has one device and dtype with torch's foreach kernels, this is ``clip_grad_norm_``'s own
     sequence of tensor operations (``_foreach_norm``, the norm of their stack, the clamped coefficient,
     ``_foreach_mul_``: the same values bit for bit, tested) without its per-call grouping of the gradients by
-    device and dtype: inside workload 6's client loop (issue 20: a 4.9k-parameter CNN, steps of ~1.5 ms) ~130 vs ~240
+    device and dtype: inside workload 6's client loop (a 4.9k-parameter CNN, steps of ~1.5 ms) ~130 vs ~240
     us a step, ~4% of the round."""
     accelerator = trainer.accelerator
     if not (
@@ -303,7 +303,7 @@ def run(trainer, args, constant_schedule: bool = False) -> TrainOutput:
     callbacks off (see the module docstring). Returns ``TrainOutput(global_step, training_loss, metrics)``.
 
     ``constant_schedule``: the schedule is transformers' constant one and ``trainer._prepare_for_training`` takes
-    ``schedule=False`` (``ClientTrainer``'s): where it then builds no scheduler, none is stepped (the constant
+    ``schedule=False`` (``FastClientTrainer``'s): where it then builds no scheduler, none is stepped (the constant
     one sets each group's rate to the rate it has)."""
     trainer.accelerator.free_memory()
     train_dataloader = tensor_rows_loader(trainer, args) or trainer.get_train_dataloader()
@@ -329,7 +329,8 @@ def run(trainer, args, constant_schedule: bool = False) -> TrainOutput:
     # module, and after the previous client each one is in training mode already, which this checks)
     if not plain_train_modes or False in [m.training for m in modules]:
         model.train()
-    trainer.forward_backward = lean_pass(trainer, args, inputs_on_device=isinstance(train_dataloader, TensorRowsLoader))
+    trainer.lean_forward_backward = lean_pass(trainer, args,
+                                              inputs_on_device=isinstance(train_dataloader, TensorRowsLoader))
     try:
         stop = False
         for epoch in range(num_train_epochs):
@@ -372,7 +373,7 @@ def run(trainer, args, constant_schedule: bool = False) -> TrainOutput:
             if stop or step < 0:  # (step < 0: an empty epoch; the Trainer stops there too)
                 break
     finally:
-        trainer.forward_backward = None  # (a client that raised must not leave it to the next, whichever loop)
+        trainer.lean_forward_backward = None  # (a client that raised must not leave it to the next, whichever loop)
     trainer.is_in_train = False
     train_loss = total_loss.item() / max(state.global_step, 0.001)
     metrics = {"train_loss": train_loss}
