@@ -9,6 +9,7 @@ from .base import (
     ClientUpdate,
     Correction,
     FixedOffsetPerturbation,
+    GradientOracle,
     LocalResult,
     MixingRule,
     Perturbation,
@@ -46,9 +47,9 @@ from .composed import FederatedAlgorithm, build_algorithm, build_piece, resolve_
 __all__ = [
     "AGGREGATORS", "CORRECTIONS", "PERTURBATIONS", "PRESETS", "Affine", "Aggregator", "AlgorithmSpec", "Capabilities",
     "ClientContext", "ClientPiece", "ClientUpdate", "Correction", "D", "FederatedAlgorithm", "FixedOffsetPerturbation",
-    "LocalResult", "MixingRule", "Perturbation", "Piece", "PieceConfig", "RoundSummary", "SharpnessAware", "W", "ascent_offset",
-    "build_algorithm", "build_piece", "check_choice", "check_number", "check_integer", "get_preset",
-    "global_norm", "hyperparameter", "hyperparameter_fields", "list_algorithms", "piece_defaults",
-    "piece_hyperparameters", "register_aggregator", "register_correction", "register_perturbation",
+    "GradientOracle", "LocalResult", "MixingRule", "Perturbation", "Piece", "PieceConfig", "RoundSummary",
+    "SharpnessAware", "W", "ascent_offset", "build_algorithm", "build_piece", "check_choice", "check_number",
+    "check_integer", "get_preset", "global_norm", "hyperparameter", "hyperparameter_fields", "list_algorithms",
+    "piece_defaults", "piece_hyperparameters", "register_aggregator", "register_correction", "register_perturbation",
     "register_preset", "resolve_parts",
 ]

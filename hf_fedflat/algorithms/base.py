@@ -235,7 +235,9 @@ class FixedOffsetPerturbation(Perturbation):
 
     The piece gives only :meth:`offset`; its direction is ``grad_at(offset)``. Knowing the offset before the
     pass lets the training step leave the gradient in ``p.grad`` and correct it there in place, and take the
-    Trainer's own step when there is neither an offset nor a correction.
+    Trainer's own step when there is neither an offset nor a correction. Being fixed for the round, the offset is
+    the piece's to check once, in ``begin`` (LESAM's has no estimate where it is zero or not finite): the step does
+    not test it at every pass.
     """
 
     passes_per_step: ClassVar[int] = 1
