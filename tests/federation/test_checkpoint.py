@@ -1,8 +1,9 @@
-"""Tampered checkpoints are refused on resume with a CheckpointError naming the file (and tensor or field);
-``latest`` falls back past a corrupt newest checkpoint; settings a resume must not silently change.
+"""Checkpoints: what one holds and how many are kept; tampered or incomplete ones are refused on resume with a
+CheckpointError naming the file (and tensor or field); ``latest`` falls back past a corrupt newest checkpoint;
+settings (and piece hyperparameters) a resume must not silently change.
 
-The runs are built once per module (a scaffold run: server state and client states; a dfedavg run: every
-client's own model in the client-state store); each case tampers with a copy. Cases marked "forged" also
+The tampering cases' runs are built once per module (a scaffold run: server state and client states; a dfedavg
+run: every client's own model in the client-state store); each case tampers with a copy. Cases marked "forged" also
 rewrite ``manifest.json`` to fit the tampered files (as someone regenerating it would): the explicit checks
 (finite, dtype, shape, server-state keys, round, client ids) must refuse them without the hashes' help.
 """
@@ -24,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_fedflat import FedTrainingArguments
 from hf_fedflat.federation.trainer_factory import trainer_class_for
+from hf_fedflat.federation import list_checkpoints
 from hf_fedflat.federation.checkpoint import (
     CheckpointError,
     CorruptCheckpointError,
@@ -32,6 +34,7 @@ from hf_fedflat.federation.checkpoint import (
 )
 
 from conftest import TinyClassifier, make_tiny_dataset
+from helpers.runs import run as tiny_run
 
 TRAIN = make_tiny_dataset(n=96, seed=1)
 TEST = make_tiny_dataset(n=30, seed=2)
@@ -390,3 +393,44 @@ def test_a_symlinked_checkpoints_folder_is_not_written_through(tmp_path):
     with pytest.raises(UnsafeWritePathError, match="checkpoints"):
         make_trainer(tmp_path / "run", save_every_n_rounds=1).train()
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+# --- what a checkpoint holds, and resumes refused (the tiny run of helpers.runs) ---------------------------
+def test_checkpoint_contents_and_total_limit(tmp_path):
+    trainer, _ = tiny_run(tmp_path, fed_algorithm="scaffold", save_every_n_rounds=1, save_total_limit=2)
+    checkpoints = list_checkpoints(tmp_path / "checkpoints")
+    assert [p.name for p in checkpoints] == ["round-3", "round-4"]
+    latest = checkpoints[-1]
+    assert (latest / "server_state.safetensors").exists()
+    assert "scaffold/c" in load_file(str(latest / "server_state.safetensors"))
+    client_files = sorted(p.name for p in (latest / "client_states").iterdir())
+    assert client_files and all(name.startswith("client-") for name in client_files)
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_incomplete_checkpoint_is_rejected(tmp_path):
+    tiny_run(tmp_path, fed_algorithm="scaffold", num_rounds=2, save_every_n_rounds=1)
+    broken = tmp_path / "checkpoints" / "round-2"
+    (broken / "federated_state.json").write_text("{ truncated")
+    with pytest.raises(CheckpointError, match="incomplete or corrupt"):
+        tiny_run(tmp_path, fed_algorithm="scaffold", resume=str(broken))
+    (broken / "federated_state.json").unlink()
+    with pytest.raises(CheckpointError, match="incomplete or corrupt"):
+        tiny_run(tmp_path, fed_algorithm="scaffold", resume=str(broken))
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    tiny_run(tmp_path, fed_algorithm="scaffold", num_rounds=2, save_every_n_rounds=1)
+    with pytest.raises(CheckpointError, match="num_clients"):
+        tiny_run(tmp_path, fed_algorithm="scaffold", num_clients=8, resume="latest")
+
+
+def test_resume_with_other_piece_hyperparameters_is_refused(tmp_path):
+    """The fingerprint holds every hyperparameter the run's pieces declare (read from the registry)."""
+    tiny_run(tmp_path, fed_algorithm="fedgamma", rho=0.1, num_rounds=2, save_every_n_rounds=1)
+    with pytest.raises(CheckpointError, match="rho"):
+        tiny_run(tmp_path, fed_algorithm="fedgamma", rho=0.2, num_rounds=3, resume="latest")
+    with pytest.raises(CheckpointError, match="scaffold_lambda"):
+        tiny_run(tmp_path, fed_algorithm="fedgamma", rho=0.1, scaffold_lambda=0.5, num_rounds=3, resume="latest")
+    _, resumed = tiny_run(tmp_path, fed_algorithm="fedgamma", rho=0.1, num_rounds=3, resume="latest")
+    assert [r["round"] for r in resumed.history] == [1, 2, 3]

@@ -1,12 +1,13 @@
 """Command-line runs end with one line and a status for bad input (2) and for a run that trained nothing (3);
-a bug keeps its traceback."""
+a bug keeps its traceback; a token given as a flag is warned about and never logged."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from hf_fedflat.federation.checkpoint import CheckpointError
 from hf_fedflat.federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
 from hf_fedflat.cli.parsing import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import REPO_ROOT
 
 
 def test_cli_bad_field_is_one_line_and_status_2(tmp_path, capsys, monkeypatch):
@@ -73,10 +74,26 @@ def test_parse_errors_are_config_errors_and_still_value_errors():
 
 def test_recipe_bad_flag_exits_2_with_one_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(ROOT / "recipes" / "quickstart.py"), "--smoke", "--output_dir",
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "recipes" / "quickstart.py"), "--smoke", "--output_dir",
                            str(tmp_path / "run"), "--seed", "-1"], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == EXIT_BAD_INPUT, done.stderr
     last_line = done.stderr.strip().splitlines()[-1]
     assert last_line == "quickstart.py: error: seed: must be an integer in 0..4294967295, got -1."
     assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_cli_exits_non_zero_and_warns_about_a_token_flag(tmp_path, caplog):
+    out = tmp_path / "out"
+    argv = ["train", "--dataset_name", "digits", "--test_fraction", "0.05", "--model_name", "small_cnn",
+            "--image_size", "8", "--output_dir", str(out), "--num_clients", "4", "--clients_per_round", "2",
+            "--num_rounds", "4", "--local_steps", "1", "--per_device_train_batch_size", "8", "--use_cpu", "true",
+            "--disable_tqdm", "true", "--max_update_norm", "1e-12", "--max_consecutive_failed_rounds", "2",
+            "--hub_token", "hf_not_a_real_token"]
+    with caplog.at_level(logging.WARNING, logger="hf_fedflat"):
+        assert cli.main(argv) == EXIT_TRAINING_FAILED == 3
+    assert "hub_token is given as a command-line flag" in caplog.text and "HF_TOKEN" in caplog.text
+    assert "hf_not_a_real_token" not in caplog.text
+    status = json.loads((out / "run_status.json").read_text())
+    assert status["status"] == "failed" and "exceeds max_update_norm=1e-12" in status["reason"]
+    assert not (out / "final_model").exists()

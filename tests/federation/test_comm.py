@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "tiny_federated_run.py"
+from helpers import REPO_ROOT, TEST_SCRIPTS
+
+SCRIPT = TEST_SCRIPTS / "tiny_federated_run.py"
 RUN_FLAGS = [
     "--fed_algorithm", "fedlesam_s+fedgh", "--num_clients", "6", "--clients_per_round", "5", "--num_rounds", "3",
     "--local_steps", "2", "--per_device_train_batch_size", "4", "--partition_scheme", "iid",
@@ -25,11 +26,12 @@ RUN_FLAGS = [
 
 def launch(config: str, output_dir: Path, extra=()) -> subprocess.CompletedProcess:
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
-        "--main_process_port", "0", str(SCRIPT), "--output_dir", str(output_dir), *RUN_FLAGS, *extra,
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO_ROOT / "accelerate_configs" / config), "--main_process_port", "0",
+        str(SCRIPT), "--output_dir", str(output_dir), *RUN_FLAGS, *extra,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

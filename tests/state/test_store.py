@@ -10,7 +10,7 @@ from hf_fedflat.state import (
     InMemoryClientStateStore,
 )
 
-from test_federated_run import run
+from helpers.runs import run
 
 
 def state(seed: int) -> dict:

@@ -12,7 +12,7 @@ from hf_fedflat import FederatedCallback, FedTrainingArguments, FederatedTrainer
 from hf_fedflat.federation import ClientCostModel, assign_to_processes, local_work
 
 from conftest import TinyClassifier
-from test_federated_run import TRAIN
+from helpers.runs import TRAIN
 
 
 class CountForwarded(FederatedCallback):

@@ -1,33 +1,25 @@
 """Runs that aggregate nothing do not "finish": every round in which no client was aggregated counts toward
 ``max_consecutive_failed_rounds`` whatever the reason, a non-finite server (or gossip) step is refused, and a
-run that did not train raises ``TrainingFailedError`` / exits non-zero and says so in its records."""
+run that did not train raises ``TrainingFailedError`` and says so in its records (``history.json``,
+``run_status.json``); the command line's exit status for it is tested in ``tests/cli/test_exit_codes.py``."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from hf_fedflat import FedTrainingArguments, FederatedTrainer
-from hf_fedflat.cli import main
 from hf_fedflat.decentralized import DecentralizedTrainer
-from hf_fedflat.federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
-from hf_fedflat.federation.parent import ParentWatch, watch_requested
+from hf_fedflat.federation.outcome import TrainingFailedError
 
 from conftest import TinyClassifier, make_tiny_dataset
 
 TRAIN = make_tiny_dataset(n=96, seed=1)  # 4 iid clients of 24 rows
 TEST = make_tiny_dataset(n=30, seed=2)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class ReluClassifier(TinyClassifier):
@@ -213,85 +205,3 @@ def test_a_normal_run_is_unaffected(tmp_path):
     status = json.loads((tmp_path / "run_status.json").read_text())
     assert status["status"] == "completed" and status["trained"] and status["rounds_failed"] == 0
     assert output.final_model_dir == str(tmp_path / "final_model")
-
-
-def test_the_cli_exits_non_zero_and_warns_about_a_token_flag(tmp_path, caplog):
-    out = tmp_path / "out"
-    argv = ["train", "--dataset_name", "digits", "--test_fraction", "0.05", "--model_name", "small_cnn",
-            "--image_size", "8", "--output_dir", str(out), "--num_clients", "4", "--clients_per_round", "2",
-            "--num_rounds", "4", "--local_steps", "1", "--per_device_train_batch_size", "8", "--use_cpu", "true",
-            "--disable_tqdm", "true", "--max_update_norm", "1e-12", "--max_consecutive_failed_rounds", "2",
-            "--hub_token", "hf_not_a_real_token"]
-    with caplog.at_level(logging.WARNING, logger="hf_fedflat"):
-        assert main(argv) == EXIT_TRAINING_FAILED == 3
-    assert "hub_token is given as a command-line flag" in caplog.text and "HF_TOKEN" in caplog.text
-    assert "hf_not_a_real_token" not in caplog.text
-    status = json.loads((out / "run_status.json").read_text())
-    assert status["status"] == "failed" and "exceeds max_update_norm=1e-12" in status["reason"]
-    assert not (out / "final_model").exists()
-
-
-def test_parent_watch_settings(monkeypatch):
-    assert watch_requested({}) is False  # a plain process (nohup ... &) outlives its shell
-    assert watch_requested({"TORCHELASTIC_RUN_ID": "x"}) and watch_requested({"ACCELERATE_DYNAMO_BACKEND": "NO"})
-    assert watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "1"})
-    assert not watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "0", "TORCHELASTIC_RUN_ID": "x"})
-    with pytest.raises(ValueError, match="HF_FEDFLAT_EXIT_WITH_PARENT: expected auto, 1 or 0, got 'maybe'"):
-        watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "maybe"})
-    watch = ParentWatch(enabled=True)
-    watch.check()  # same parent: nothing happens
-    monkeypatch.setattr(os, "getppid", lambda: watch.parent + 1)
-    with pytest.raises(SystemExit, match="the launcher .* exited before round 7"):
-        watch.check(" before round 7")
-    assert not ParentWatch(enabled=False).parent_died()
-
-
-LAUNCHER = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, *sys.argv[1:]], stdout=sys.stderr)
-print(child.pid, flush=True)
-time.sleep(600)
-"""
-
-
-def test_the_training_process_exits_when_its_launcher_is_killed(tmp_path):
-    """A launcher starts a run of 100000 rounds; once it has trained a round, the launcher is SIGKILLed: the
-    run stops at its next check (between rounds/clients) instead of running on alone."""
-    out = tmp_path / "run"
-    script = ROOT / "tests" / "scripts" / "tiny_federated_run.py"
-    run_args = [str(script), "--output_dir", str(out), "--use_cpu", "true", "--num_clients", "4",
-                "--clients_per_round", "2", "--num_rounds", "100000", "--local_steps", "1",
-                "--per_device_train_batch_size", "4", "--partition_scheme", "iid", "--eval_every_n_rounds", "1000",
-                "--disable_tqdm", "true"]
-    env = dict(os.environ, HF_FEDFLAT_EXIT_WITH_PARENT="1", PYTHONUNBUFFERED="1")
-    log = open(tmp_path / "run.log", "w")
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, *run_args], env=env, stdout=subprocess.PIPE,
-                                stderr=log, text=True)
-    child = int(launcher.stdout.readline())
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "history.json").is_file():  # the run is training
-            assert time.monotonic() < deadline and launcher.poll() is None, (tmp_path / "run.log").read_text()
-            time.sleep(0.2)
-        launcher.kill()
-        launcher.wait()
-        deadline = time.monotonic() + 60
-        while _alive(child):
-            assert time.monotonic() < deadline, "the training process outlived its launcher by 60 s"
-            time.sleep(0.2)
-    finally:
-        if _alive(child):
-            os.kill(child, signal.SIGKILL)
-        log.close()
-    assert "the launcher (parent process" in (tmp_path / "run.log").read_text()
-    rounds = len(json.loads((out / "history.json").read_text()))
-    assert 1 <= rounds < 100000 and not (out / "final_model").exists()
-
-
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting for a reaper that never comes)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")

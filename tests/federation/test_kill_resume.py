@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from hf_fedflat.federation import list_checkpoints
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "tiny_federated_run.py"
+from helpers import REPO_ROOT, TEST_SCRIPTS
+
+SCRIPT = TEST_SCRIPTS / "tiny_federated_run.py"
 # LESAM's old models, FedDyn's h_i (client) and sum of h_i (server), SCAFFOLD-free but stateful everywhere
 FLAGS = ["--use_cpu", "true", "--fed_algorithm", "fedlesam_d", "--num_clients", "6", "--clients_per_round", "3",
          "--num_rounds", "5", "--local_steps", "2", "--per_device_train_batch_size", "4", "--partition_scheme", "iid",
@@ -28,7 +29,7 @@ def launch(output_dir: Path, kill: str = "", resume: bool = False) -> subprocess
     command = [sys.executable, str(SCRIPT), "--output_dir", str(output_dir), *FLAGS]
     if resume:
         command += ["--resume_from_checkpoint", "latest"]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def final(output_dir: Path):

@@ -13,7 +13,7 @@ from hf_fedflat.data import ClientPartition
 from hf_fedflat.federation.outcome import TrainingFailedError
 
 from conftest import TinyClassifier
-from test_federated_run import TEST, TRAIN
+from helpers.runs import TEST, TRAIN
 
 
 class Capture(FederatedCallback):
