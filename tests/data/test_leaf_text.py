@@ -90,7 +90,7 @@ def test_sent140_one_client_per_user_complete_disjoint_sizes_are_num_samples(sen
 
 
 def test_sent140_tokenized_at_max_seq_length_with_labels(sent140_dir, tmp_path):
-    from hf_fixtures import tiny_bert_dir
+    from helpers.hf_fixtures import tiny_bert_dir
 
     from hf_fedflat.data.arguments import DataArguments
     from hf_fedflat.data.leaf_text import load_sent140_data
@@ -336,28 +336,6 @@ def test_reddit_comments_as_text_for_a_causal_lm(reddit_dir, tmp_path):
     assert math.isfinite(last["eval_perplexity"])
 
 
-def test_word_lstm_is_leafs_stacked_lstm_and_masks_its_loss():
-    from hf_fedflat.models import create_model
-
-    model = create_model("word_lstm", vocab_size=10000)  # LEAF: embedding 256, 2 x LSTM(256), softmax 10,000
-    leaf_tf = 10000 * 256 + 2 * 4 * (256 * 256 + 256 * 256 + 256) + 256 * 10000 + 10000  # one bias per gate
-    assert sum(p.numel() for p in model.parameters()) == leaf_tf + 2 * 4 * 256  # PyTorch: b_ih and b_hh
-    small = create_model("word_lstm", vocab_size=12, embedding_dim=4, hidden_size=6).eval()
-    ids = torch.tensor([[2, 5, 7, 3, 0, 0], [2, 9, 3, 0, 0, 0]])
-    labels = torch.tensor([[5, 7, 3, 0, -100, -100], [9, 3, 0, -100, -100, -100]])
-    with torch.no_grad():
-        out = small(ids, labels=labels)
-    logp = torch.log_softmax(out.logits, -1)
-    scored = [(b, t) for b in range(2) for t in range(6) if labels[b, t] != -100]
-    expected = -sum(logp[b, t, labels[b, t]] for b, t in scored) / len(scored)
-    assert out.logits.shape == (2, 6, 12) and float(out.loss) == pytest.approx(float(expected), rel=1e-6)
-    assert small.get_output_embeddings().weight.shape == (12, 6)
-    with pytest.raises(ValueError, match=r"labels must hold one next-token id \(or -100\) per position"):
-        small(ids, labels=labels[:, :3])
-    with pytest.raises(ValueError, match="num_classes=5 must equal vocab_size=12"):
-        create_model("word_lstm", num_classes=5, vocab_size=12)
-
-
 def test_sent140_leaf_word_ids_for_leafs_lstm(sent140_dir, tmp_path):
     from hf_fedflat.data.arguments import DataArguments
     from hf_fedflat.data.leaf_text import load_sent140_data, sent140_split_line, sent140_word_ids
@@ -397,22 +375,3 @@ def test_sent140_leaf_word_ids_for_leafs_lstm(sent140_dir, tmp_path):
         predicted = model(torch.tensor(test_ids)).logits.argmax(-1).numpy()
     accuracy = float(np.mean(predicted == np.array([1, 0, 1])))
     assert json.loads((tmp_path / "history.json").read_text())[-1]["eval_accuracy"] == pytest.approx(accuracy)
-
-
-def test_char_lstm_forget_bias_shifts_only_the_forget_gate(tmp_path):
-    """LEAF's TensorFlow LSTM cells add 1.0 to the forget gate; with LEAF's trailing padding (a tweet's ids, then
-    up to 24 unknown ids) a PyTorch-initialised LSTM stays at chance (measured in the notes), so the option exists."""
-    from hf_fedflat.models import create_model, load_model
-
-    torch.manual_seed(0)
-    plain = create_model("char_lstm", vocab_size=10, num_classes=2, embedding_dim=3, hidden_size=4)
-    torch.manual_seed(0)
-    shifted = create_model("char_lstm", vocab_size=10, num_classes=2, embedding_dim=3, hidden_size=4, forget_bias=1)
-    for (name, a), (_, b) in zip(plain.named_parameters(), shifted.named_parameters()):
-        expected = torch.zeros_like(a)
-        if name.startswith("lstm.bias_ih_l"):
-            expected[4:8] = 1.0  # PyTorch's gate order i, f, g, o
-        torch.testing.assert_close(b - a, expected, rtol=0, atol=1e-6)
-    shifted.save_pretrained(tmp_path)
-    again = load_model(tmp_path)  # loading does not add the offset a second time
-    assert all(torch.equal(a, b) for a, b in zip(shifted.parameters(), again.parameters()))

@@ -1,4 +1,5 @@
-"""Partition invariants on the real digits train split (1,437 rows, 10 classes)."""
+"""Partition invariants on the real digits train split (1,437 rows, 10 classes); natural-id partitions and the
+schemes that need no label column, on small hand-made datasets."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hf_fedflat.data import (
     plot_partition_heatmap,
     select_rows,
 )
+from hf_fedflat.data.partition import natural_id_partition
 
 NUM_CLIENTS = 20
 N_TRAIN = 1437
@@ -277,3 +279,36 @@ def test_bad_arguments(train, kwargs, name):
 def test_datasetdict_is_refused(digits):
     with pytest.raises(TypeError, match=r"dataset\['train'\]"):
         partition_dataset(digits, NUM_CLIENTS)
+
+
+# --- natural ids, and datasets without a label column -------------------------------------------------
+def test_natural_id_partition_one_client_per_id_complete_disjoint():
+    ids = ["b", "a", "b", "c", "a", "a", "d", "c"]
+    data = datasets.Dataset.from_dict({"user": ids, "label": [0, 1, 1, 0, 0, 1, 1, 0]})
+    part = natural_id_partition(data, "user")
+    assert part.num_clients == 4 and part.scheme == "natural_id"
+    groups = sorted(tuple(idx.tolist()) for idx in part.client_indices)
+    assert groups == [(0, 2), (1, 4, 5), (3, 7), (6,)]
+    # label counts per client, and the classes read from the label column
+    by_rows = {tuple(idx.tolist()): part.label_counts[c].tolist() for c, idx in enumerate(part.client_indices)}
+    assert by_rows[(1, 4, 5)] == [1, 2] and by_rows[(6,)] == [0, 1]
+    with pytest.raises(ValueError, match="partition_by: 'speaker' is not a column"):
+        natural_id_partition(data, "speaker")
+    with pytest.raises(ValueError, match="missing"):
+        natural_id_partition(datasets.Dataset.from_dict({"user": ["a", None]}), "user")
+
+
+@pytest.mark.parametrize("columns", [{"text": [f"t{i}" for i in range(23)]},
+                                     {"input_ids": [[1, 2, i] for i in range(23)],
+                                      "labels": [[-100, 2, i] for i in range(23)]}], ids=["no-label", "token-labels"])
+@pytest.mark.parametrize("scheme", ["iid", "linear"])
+def test_iid_and_size_partitions_need_no_label_column(columns, scheme):
+    data = datasets.Dataset.from_dict(columns)
+    part = partition_dataset(data, 4, scheme, label_column="labels" if "labels" in columns else "label", seed=3)
+    rows = np.concatenate(part.client_indices)
+    np.testing.assert_array_equal(np.sort(rows), np.arange(23))  # complete and disjoint
+    assert part.class_names == ["all"] and part.label_counts[:, 0].tolist() == part.num_samples
+    if scheme == "iid":
+        assert sorted(part.num_samples) == [5, 6, 6, 6]
+    else:  # flwr's LinearPartitioner: floor(23 * k / 10) for k = 1..4, the 2 rows left over to the last client
+        assert part.num_samples == [2, 4, 6, 9 + 2]
