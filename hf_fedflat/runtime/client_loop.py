@@ -85,9 +85,10 @@ class TensorRowsLoader:
     That dataloader (accelerate's ``DataLoaderShard`` over torch's ``DataLoader`` with accelerate's
     ``SeedableRandomSampler``, one process: the federated processes hide the launcher from accelerate)
     shuffles epoch ``e`` with ``torch.randperm(n)`` from a generator seeded ``initial_seed + e``, where
-    ``initial_seed`` is torch's seed when it was built; each new iterator draws one int64 from torch's global
-    generator (the ``DataLoader``'s base seed for workers); batches are consecutive slices of the order (the
-    last one partial unless ``drop_last``), collated by the materialised columns and moved to the device.
+    ``initial_seed`` is torch's seed when it was built (here: when first iterated, see ``__iter__``); each new
+    iterator draws one int64 from torch's global generator (the ``DataLoader``'s base seed for workers); batches
+    are consecutive slices of the order (the last one partial unless ``drop_last``), collated by the materialised
+    columns and moved to the device.
     This does the same (the batches and the global generator's state after each epoch are tested equal to the
     Trainer's dataloader, ``tests/test_client_loop.py``).
 
@@ -100,7 +101,8 @@ class TensorRowsLoader:
                  stage_on_device: bool | None = None):
         self.dataset, self.batch_size, self.drop_last, self.device = rows, batch_size, drop_last, device
         self.stage_on_device = device.type != "cpu" if stage_on_device is None else stage_on_device
-        self.initial_seed = torch.random.initial_seed()
+        #: torch's seed, read when first iterated (see __iter__)
+        self.initial_seed: int | None = None
         self.epoch = 0
         self._staged: dict[str, torch.Tensor] | None = None
 
@@ -112,6 +114,11 @@ class TensorRowsLoader:
         self.epoch = epoch
 
     def __iter__(self):
+        # The seed is read with the first batch, not when the loader is built: in a lane of concurrent clients
+        # (runtime.lanes) only the batch fetch runs under the generator guard, so at build time the generators
+        # may hold another lane's states. One client at a time, nothing reseeds in between: the same seed.
+        if self.initial_seed is None:
+            self.initial_seed = torch.random.initial_seed()
         torch.empty((), dtype=torch.int64).random_()  # the DataLoader iterator's base seed, drawn as it draws it
         generator = torch.Generator()
         generator.manual_seed(self.initial_seed + self.epoch)
