@@ -1,31 +1,28 @@
-"""Model cards and Hub pushes, offline: ``HfApi`` is patched at class level and uploads land in a folder."""
+"""Hub pushes (``hf_fedflat.hub.push``), offline: ``HfApi`` is patched at class level and uploads land in a folder.
+The final model in the hf_fedflat or timm layout, the pushes a run plans from its hub_strategy, a push callback
+during a run whose token is never written, and a truncated final model refused before anything is uploaded."""
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard, RepoUrl
 from safetensors.torch import load_file
 
 from hf_fedflat import FedTrainingArguments, FederatedTrainer
-from hf_fedflat.data import ClientPartition, load_digits_dataset
-from hf_fedflat.hub import (
-    HubPushCallback,
-    build_model_card,
-    planned_pushes,
-    push_final_model,
-    write_model_card,
-)
+from hf_fedflat.data import load_digits_dataset
+from hf_fedflat.hub import HubPushCallback, planned_pushes, push_final_model
+from hf_fedflat.io import IncompleteSaveError
 from hf_fedflat.models import create_model, load_model
 
-SENTINEL = "hf_SENTINELtoken0123456789"
+from helpers.hub import SENTINEL, write_run
+from helpers.runs import run
+
 TINY_VIT = dict(patch_size=8, depth=1, embed_dim=32, num_heads=2)
 
 
@@ -70,77 +67,6 @@ def fake_hub(tmp_path, monkeypatch):
     hub = FakeHub(tmp_path / "hub")
     hub.install(monkeypatch)
     return hub
-
-
-def make_history(rounds: int) -> list[dict]:
-    accuracy = [0.2 + 0.6 * (1 - np.exp(-r / 6)) for r in range(1, rounds + 1)]
-    accuracy[17] = 0.95  # a best round off the stride
-    return [{"round": r, "num_clients": 5, "clients": [0, 1], "learning_rate": 0.05, "train_loss": 2.0 / r,
-             "local_steps": 4.0, "eval_loss": 2.1 / r, "eval_accuracy": accuracy[r - 1], "round_seconds": 0.25,
-             "wall_seconds": 0.25 * r} for r in range(1, rounds + 1)]
-
-
-def make_partition() -> ClientPartition:
-    counts = np.array([[5, 0, 1], [0, 4, 4], [2, 2, 0], [3, 1, 6]])
-    starts = np.concatenate([[0], np.cumsum(counts.sum(1))])
-    return ClientPartition(client_indices=[np.arange(a, b) for a, b in zip(starts[:-1], starts[1:])], label_counts=counts,
-                           scheme="dirichlet", alpha=0.3, seed=42, class_names=["a", "b", "c"], num_rows=int(starts[-1]))
-
-
-ARGS = dict(fed_algorithm="fedsam", rho=0.1, num_clients=20, clients_per_round=5, num_rounds=30, local_epochs=1.0,
-            learning_rate=0.05, lr_decay_per_round=0.998, optim="sgd", per_device_train_batch_size=16, max_grad_norm=10.0,
-            seed=42, partition_scheme="dirichlet", dirichlet_alpha=0.3, server_learning_rate=1.0,
-            aggregation_weights="samples", hub_token=SENTINEL)
-ALGORITHM = {"name": "fedsam", "perturbation": "sam", "corrections": [], "aggregator": "mean", "passes_per_step": 2}
-
-
-def write_run(output_dir: Path, model) -> Path:
-    """What a finished run leaves on disk (without training): final_model/, history.json, partition.json."""
-    final = output_dir / "final_model"
-    model.save_pretrained(final)
-    (final / "federated_config.json").write_text(json.dumps({"algorithm": ALGORITHM, "num_clients": 20}))
-    (output_dir / "history.json").write_text(json.dumps(make_history(30)))
-    make_partition().save_json(output_dir / "partition.json")
-    return final
-
-
-def table_rounds(text: str, heading: str = "## Metrics per round") -> list[int]:
-    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
-    return [int(m.group(1)) for m in re.finditer(r"^\| (\d+) \|", section, flags=re.M)]
-
-
-# -------------------------------------------------------------------------------------------------
-def test_card_from_explicit_inputs():
-    history = make_history(30)
-    card = build_model_card(ARGS, history=history, algorithm=ALGORITHM, partition=make_partition(), dataset_name="digits",
-                            dataset_id="user/digits", base_model="timm/some-model", max_table_rows=10)
-    data = card.data
-    assert data.tags[:4] == ["federated-learning", "hf-fedflat", "fedsam", "sam"]
-    assert data.datasets == ["user/digits"] and data.base_model == "timm/some-model"
-    assert data.eval_results[0].metric_value == pytest.approx(history[-1]["eval_accuracy"], abs=1e-6)
-    text = card.text
-    for expected in ("`rho=0.1`", "20 (5 per round, 25% participation)", "`dirichlet(alpha=0.3)`, seed 42",
-                     "28 in total; min 4 / median 7 / max 10", "lr 0.05 x 0.998^round", "batch size 16", "1 epoch per round (mean 4 steps)",
-                     "| best accuracy | 0.9500 |", "| best round | 18 |", "Qu et al."):
-        assert expected in text, expected
-    # 30 rounds into at most ~10 lines: every 5th round (k = ceil(30 / 7)), the first, the best (18) and the last
-    assert table_rounds(text) == [1, 5, 10, 15, 18, 20, 25, 30]
-    assert SENTINEL not in str(card)
-    assert table_rounds(str(build_model_card(ARGS, history=history[:6], algorithm=ALGORITHM))) == [1, 2, 3, 4, 5, 6]
-
-
-def test_written_card_reloads_with_its_images(tmp_path):
-    torch.manual_seed(0)
-    final = write_run(tmp_path, create_model("small_cnn", 3, in_chans=1, image_size=8))
-    path = write_model_card(final, ARGS, dataset_name="digits")
-    card = ModelCard.load(path)
-    assert card.data.library_name == "transformers"
-    assert card.data.eval_results[0].dataset_name == "digits"
-    for image in ("partition_heatmap.png", "training_curves.png"):
-        assert f"]({image})" in card.text
-        assert (final / image).read_bytes().startswith(b"\x89PNG")
-    assert "load_model(" in card.text and "small_cnn" in card.text
-    assert "aggregator `mean`" in card.text  # the algorithm comes from federated_config.json
 
 
 def test_push_hf_fedflat_layout(tmp_path, fake_hub):
@@ -262,3 +188,18 @@ def test_push_callback_during_a_run_and_the_token_is_never_written(tmp_path, fak
     assert leaks == []
     captured = capsys.readouterr()
     assert SENTINEL not in caplog.text + captured.out + captured.err
+
+
+def test_push_refuses_a_truncated_final_model(tmp_path):
+    """A final_model/ that no longer matches its completion marker is not pushed."""
+    from unittest import mock
+
+    t, output = run(tmp_path, fed_algorithm="fedavg", num_rounds=1, local_steps=1)  # a run's final model
+    final = Path(output.final_model_dir)
+    data = (final / "model.safetensors").read_bytes()
+    (final / "model.safetensors").write_bytes(data[:100])
+    api = mock.MagicMock()
+    with pytest.raises(IncompleteSaveError, match="model.safetensors"):
+        push_final_model(final, t.args, api=api)
+    api.create_repo.assert_not_called()
+    api.upload_folder.assert_not_called()
