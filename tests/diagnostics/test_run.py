@@ -1,4 +1,6 @@
-"""The papers' measurements, each checked against a hand computation on the tiny model."""
+"""The papers' measurements in a run (``hf_fedflat.diagnostics.run``), each checked against a hand computation
+on the tiny model: bytes per round, gradient conflict, perturbation drift, sharpness and accuracies, rounds to a
+target accuracy, the loss surface."""
 
 from __future__ import annotations
 
@@ -8,11 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from hf_fedflat import FedTrainingArguments, FederatedCallback, ParameterSpace
-from hf_fedflat.diagnostics import filter_normalized_direction
+from hf_fedflat import FederatedCallback
 
-from conftest import TinyClassifier
-from test_federated_run import TRAIN, run
+from helpers.runs import TRAIN, run
 
 
 class Capture(FederatedCallback):
@@ -124,25 +124,3 @@ def test_loss_surface_png_and_grid(tmp_path):
     assert surface["losses"][2][2] == pytest.approx(centre, rel=1e-5)
     assert len({round(v, 6) for row in surface["losses"] for v in row}) > 5  # the surface is not flat
     assert (tmp_path / "loss_surface.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_filter_normalized_direction_matches_filter_norms():
-    torch.manual_seed(0)
-    space = ParameterSpace(TinyClassifier())
-    params = space.flatten()
-    direction = filter_normalized_direction(space, params, torch.Generator().manual_seed(1))
-    for weight, d in zip(space.split(params), space.split(direction)):
-        if weight.ndim < 2:
-            assert torch.all(d == 0)
-        else:
-            torch.testing.assert_close(d.norm(dim=1), weight.norm(dim=1), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("overrides, field", [
-    (dict(fed_algorithm="fedgh", clients_per_round=1), "clients_per_round"),
-    (dict(fed_algorithm="fedavg", diagnostics="perturbation_drift"), "diagnostics"),
-    (dict(diagnostics="sharpness,bogus"), "diagnostics"),
-])
-def test_diagnostics_configuration_errors(tmp_path, overrides, field):
-    with pytest.raises(ValueError, match=f"^{field}:"):
-        FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_clients=4, **overrides)
