@@ -1,5 +1,5 @@
-"""Causal LM metrics and instruction data: token statistics on a hand-made padded batch, perplexity against an
-independent per-token computation through ``Trainer.evaluate``, and the response-only labels."""
+"""Causal LM metrics (``hf_fedflat.metrics.language_modeling``): token statistics on a hand-made padded batch, and
+perplexity against an independent per-token computation through ``Trainer.evaluate``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
-from hf_fedflat.data.hf_datasets import build_instruction_features, tokenize_instructions
 from hf_fedflat.data.tiny_text import train_word_tokenizer
 from hf_fedflat.metrics.language_modeling import causal_lm_metrics, token_statistics
 
@@ -75,46 +74,3 @@ def test_perplexity_through_trainer_evaluate_equals_exp_of_independent_token_mea
     assert metrics["eval_token_loss"] == pytest.approx(nll / count, rel=1e-5)
     assert metrics["eval_perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-5)
     assert metrics["eval_loss"] != pytest.approx(nll / count, rel=1e-4)  # batch means, not token-weighted
-
-
-def test_instruction_features_label_the_response_only():
-    row = build_instruction_features([5, 6, 7], [8, 9], eos_id=2, max_seq_length=10)
-    assert row == {"input_ids": [5, 6, 7, 8, 9, 2], "attention_mask": [1] * 6, "labels": [-100, -100, -100, 8, 9, 2]}
-    cut = build_instruction_features([5, 6, 7], [8, 9], eos_id=2, max_seq_length=4)
-    assert cut["input_ids"] == [5, 6, 7, 8] and cut["labels"] == [-100, -100, -100, 8]
-    assert build_instruction_features([5, 6, 7], [8, 9], eos_id=2, max_seq_length=3) is None  # no response left
-
-
-def test_tokenize_instructions_masks_exactly_the_templated_prompt():
-    tokenizer = train_word_tokenizer("gpt")
-    data = datasets.Dataset.from_list([
-        {"instruction": "Give the opposite of the word .", "input": "hot", "output": "cold"},
-        {"instruction": "Repeat the colours .", "input": "", "output": "red blue"},
-        {"instruction": "Repeat the colours .", "input": "red", "output": "red " * 200},
-    ])
-    out, dropped = tokenize_instructions(data, tokenizer, max_seq_length=40, prompt_template="Q: {instruction} {input} A:")
-    assert dropped == 0 and len(out) == 3
-    prompt = tokenizer("Q: Give the opposite of the word . hot A:")["input_ids"]
-    first = out[0]
-    assert first["input_ids"] == prompt + [tokenizer.convert_tokens_to_ids("cold"), tokenizer.eos_token_id]
-    assert first["labels"] == [-100] * len(prompt) + first["input_ids"][len(prompt):]
-    assert len(out[2]["input_ids"]) == 40 and out[2]["labels"][-1] != -100  # truncated inside the response
-    # Alpaca's default template: without an input its second form; a prompt longer than max_seq_length is dropped
-    alpaca, dropped = tokenize_instructions(data, tokenizer, max_seq_length=30)
-    assert dropped == 2 and len(alpaca) == 1  # the two prompts with an input are 44 and 41 tokens
-    long, _ = tokenize_instructions(data.select([1]), tokenizer, max_seq_length=200)
-    text = tokenizer.decode(long[0]["input_ids"])
-    assert "### Input" not in text and "### Response" in text
-
-
-def test_plain_text_for_a_causal_lm_trains_on_every_token():
-    from hf_fedflat.data.hf_datasets import tokenize_text
-
-    tokenizer = train_word_tokenizer("gpt")
-    data = datasets.Dataset.from_dict({"text": ["the movie was great", "", "red " * 50], "user": ["a", "b", "c"]})
-    out = tokenize_text(data, tokenizer, text_column="text", max_seq_length=8, keep=["user"])
-    assert set(out.column_names) == {"user", "input_ids", "attention_mask", "labels"}
-    assert out["user"] == ["a", "c"]  # the empty text (only an EOS: nothing to predict) is dropped
-    first = out[0]
-    assert first["input_ids"] == tokenizer("the movie was great")["input_ids"] + [tokenizer.eos_token_id]
-    assert first["labels"] == first["input_ids"] and len(out[1]["input_ids"]) == 8
