@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+from helpers import REPO_ROOT
+
+RUN = REPO_ROOT / "benchmarks" / "run.py"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +17,9 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from hf_fedflat.data.partition import natural_id_partition
 from hf_fedflat.models import create_model
 
-PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "workloads.py"
+from helpers import REPO_ROOT
+
+PATH = REPO_ROOT / "benchmarks" / "workloads.py"
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,7 @@ def test_natural_id_partition_equals_flwrs_natural_id_partitioner():
     assert [sorted({str(numbers["user"][i]) for i in ix}) for ix in partition.client_indices] == [[n] for n in names]
 
 
-def test_algorithms_compared_on_workloads_1_and_2_default_to_the_issues_six_and_refuse_others(W):
+def test_algorithms_compared_on_workloads_1_and_2_default_to_six_methods_and_refuse_others(W):
     import argparse
 
     assert W.algorithm_targets(argparse.Namespace(algorithms=None)) == {
