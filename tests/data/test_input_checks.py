@@ -235,7 +235,7 @@ def test_experiment_reads_drop_invalid_rows_from_data_arguments(tmp_path):
 
 
 def test_nan_pixels_of_a_lazily_transformed_image_dataset(tmp_path):
-    """The issue's NaN pixels: stored images with a NaN (digits, decoded and normalised by a transform when read):
+    """NaN pixels in stored images (digits, decoded and normalised by a transform when read):
     counted from the stored column, droppable; the model is sized from its config (num_labels 10)."""
     from hf_fedflat.data.digits import load_digits_dataset
     from hf_fedflat.models import create_model
