@@ -4,7 +4,9 @@ BERT-style sequence classification and GPT-2 / Llama-style causal LMs, each with
 rounds through the CLI (in process; one case in a subprocess). The final model reloads with the Auto classes and
 ``pipeline``, and the run's last evaluation is recomputed here from the reloaded model and the raw data:
 accuracy from ``pipeline`` predictions, the causal LM's token loss / perplexity / token accuracy from per-row
-forward passes. Plus the data side: natural-id partitions, IID without a label column, label encoding, errors.
+forward passes. Plus the data side through the command line: natural-id partitions, IID without a label column,
+label encoding, errors. (The partitions themselves are tested in ``tests/data/test_partition.py``, the text
+recipes' ``--smoke`` in ``tests/cli/test_recipes.py``.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 import torch
 
 from hf_fedflat.cli import main
-from hf_fedflat.data.partition import ClientPartition, natural_id_partition, partition_dataset
+from hf_fedflat.data.partition import ClientPartition
 from hf_fedflat.data.tiny_text import write_instruction_data, write_sentiment_data, write_tiny_model
 
 SEED = 42
@@ -167,38 +169,6 @@ def test_csv_string_labels_encoded_and_iid_without_label_column(assets, tmp_path
     assert 0.0 <= last["eval_accuracy"] <= 1.0
 
 
-def test_natural_id_partition_one_client_per_id_complete_disjoint():
-    ids = ["b", "a", "b", "c", "a", "a", "d", "c"]
-    data = datasets.Dataset.from_dict({"user": ids, "label": [0, 1, 1, 0, 0, 1, 1, 0]})
-    part = natural_id_partition(data, "user")
-    assert part.num_clients == 4 and part.scheme == "natural_id"
-    groups = sorted(tuple(idx.tolist()) for idx in part.client_indices)
-    assert groups == [(0, 2), (1, 4, 5), (3, 7), (6,)]
-    # label counts per client, and the classes read from the label column
-    by_rows = {tuple(idx.tolist()): part.label_counts[c].tolist() for c, idx in enumerate(part.client_indices)}
-    assert by_rows[(1, 4, 5)] == [1, 2] and by_rows[(6,)] == [0, 1]
-    with pytest.raises(ValueError, match="partition_by: 'speaker' is not a column"):
-        natural_id_partition(data, "speaker")
-    with pytest.raises(ValueError, match="missing"):
-        natural_id_partition(datasets.Dataset.from_dict({"user": ["a", None]}), "user")
-
-
-@pytest.mark.parametrize("columns", [{"text": [f"t{i}" for i in range(23)]},
-                                     {"input_ids": [[1, 2, i] for i in range(23)],
-                                      "labels": [[-100, 2, i] for i in range(23)]}], ids=["no-label", "token-labels"])
-@pytest.mark.parametrize("scheme", ["iid", "linear"])
-def test_iid_and_size_partitions_need_no_label_column(columns, scheme):
-    data = datasets.Dataset.from_dict(columns)
-    part = partition_dataset(data, 4, scheme, label_column="labels" if "labels" in columns else "label", seed=3)
-    rows = np.concatenate(part.client_indices)
-    np.testing.assert_array_equal(np.sort(rows), np.arange(23))  # complete and disjoint
-    assert part.class_names == ["all"] and part.label_counts[:, 0].tolist() == part.num_samples
-    if scheme == "iid":
-        assert sorted(part.num_samples) == [5, 6, 6, 6]
-    else:  # flwr's LinearPartitioner: floor(23 * k / 10) for k = 1..4, the 2 rows left over to the last client
-        assert part.num_samples == [2, 4, 6, 9 + 2]
-
-
 def test_bad_dataset_arguments_are_named(assets, tmp_path):
     with pytest.raises(ValueError, match="not a registered dataset.*--model_name_or_path"):
         main(["train", "--dataset_name", assets["sentiment"], "--output_dir", str(tmp_path / "a"), *COMMON])
@@ -217,32 +187,3 @@ def test_bad_dataset_arguments_are_named(assets, tmp_path):
     with pytest.raises(ValueError, match="partition_by: applies to Hub/local datasets"):
         main(["train", "--dataset_name", "digits", "--partition_by", "label", "--output_dir", str(tmp_path / "e"),
               *COMMON])
-
-
-def _load_recipe(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "recipes" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_text_recipes_smoke_offline(tmp_path):
-    """`recipes/llm_lora.py --smoke` and `recipes/text_classification.py --smoke`: a tiny model, tokenizer and data
-    in the real formats written under <output_dir>/smoke_assets, 2 rounds, the metrics of each task."""
-    experiment, output = _load_recipe("llm_lora").main(["--smoke", "--output_dir", str(tmp_path / "llm"),
-                                                         "--disable_tqdm", "true"])
-    assert [r["round"] for r in output.history] == [1, 2]
-    last = output.history[-1]
-    assert last["eval_perplexity"] == pytest.approx(math.exp(last["eval_token_loss"]), rel=1e-9)
-    assert experiment.data.task == "causal-lm" and (tmp_path / "llm" / "smoke_assets" / "data" / "alpaca_data.json").is_file()
-    names = experiment.trainer.space.names
-    assert names and all("lora_" in n for n in names)  # only the adapters are federated
-    experiment, output = _load_recipe("text_classification").main(
-        ["--smoke", "--output_dir", str(tmp_path / "cls"), "--disable_tqdm", "true"])
-    assert [r["round"] for r in output.history] == [1, 2] and 0.0 <= output.history[-1]["eval_accuracy"] <= 1.0
-    assert experiment.data.label_names == ["neg", "pos"] and experiment.data.partition is None
-    assert experiment.args.partition_scheme == "dirichlet"

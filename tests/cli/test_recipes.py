@@ -1,22 +1,17 @@
-"""Recipes run end to end with tiny arguments (their `main()` is called like the CLI would)."""
+"""The scripts of ``recipes/``: each runs end to end with tiny arguments (its ``main()`` called like the CLI would),
+takes ``--smoke`` (the text recipes' too, offline), and its ``--help`` shows its docstring and its defaults."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
+import math
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+import torch
 
+from helpers import REPO_ROOT, help_text, load_recipe
 
-def load_recipe(name: str):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
+RECIPES = sorted(p.stem for p in (REPO_ROOT / "recipes").glob("*.py"))
 
 TINY = ["--num_clients", "6", "--clients_per_round", "3", "--num_rounds", "2", "--use_cpu", "true",
         "--disable_tqdm", "true", "--image_size", "8"]
@@ -115,8 +110,6 @@ def test_lora_recipe_sends_only_adapters_and_head(tmp_path):
 
 
 def test_recipes_say_what_to_pass_when_the_hub_is_unreachable(tmp_path):
-    import pytest
-
     from hf_fedflat.data import DatasetUnavailableError
 
     with pytest.raises(DatasetUnavailableError, match="data_dir"):
@@ -143,3 +136,60 @@ def test_quickstart_and_compare_algorithms_take_smoke(tmp_path):
     rows = load_recipe("compare_algorithms").main(["--smoke", "--output_dir", str(tmp_path / "compare")])
     assert [r["algorithm"] for r in rows] == ["fedavg", "fedlesam"]
     assert (tmp_path / "compare" / "results.md").exists()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: one intra-op thread (on a shared 2-core machine, two threads made a BERT step 30x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_text_recipes_smoke_offline(tmp_path, one_thread):
+    """`recipes/llm_lora.py --smoke` and `recipes/text_classification.py --smoke`: a tiny model, tokenizer and data
+    in the real formats written under <output_dir>/smoke_assets, 2 rounds, the metrics of each task."""
+    experiment, output = load_recipe("llm_lora").main(["--smoke", "--output_dir", str(tmp_path / "llm"),
+                                                        "--disable_tqdm", "true"])
+    assert [r["round"] for r in output.history] == [1, 2]
+    last = output.history[-1]
+    assert last["eval_perplexity"] == pytest.approx(math.exp(last["eval_token_loss"]), rel=1e-9)
+    assert experiment.data.task == "causal-lm" and (tmp_path / "llm" / "smoke_assets" / "data" / "alpaca_data.json").is_file()
+    names = experiment.trainer.space.names
+    assert names and all("lora_" in n for n in names)  # only the adapters are federated
+    experiment, output = load_recipe("text_classification").main(
+        ["--smoke", "--output_dir", str(tmp_path / "cls"), "--disable_tqdm", "true"])
+    assert [r["round"] for r in output.history] == [1, 2] and 0.0 <= output.history[-1]["eval_accuracy"] <= 1.0
+    assert experiment.data.label_names == ["neg", "pos"] and experiment.data.partition is None
+    assert experiment.args.partition_scheme == "dirichlet"
+
+
+# --- --help and --smoke of every recipe ------------------------------------------------------------------------
+def first_default(defaults: list[str]) -> tuple[str, str]:
+    """The first ``--flag value`` of a recipe's defaults whose value is a plain word."""
+    for flag, value in zip(defaults, defaults[1:]):
+        if flag.startswith("--") and not value.startswith(("--", "{")) and len(value) < 30:
+            return flag, value
+    raise AssertionError("no plain default")
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_help_shows_its_docstring_and_its_defaults_first(name, capsys):
+    recipe = load_recipe(name)
+    text = help_text(lambda: recipe.main(["--help"]), capsys)
+    first_line = recipe.__doc__.strip().splitlines()[0]
+    assert first_line in text
+    flag, value = first_default(recipe.DEFAULTS)
+    block = text[text.index(f"\n  {flag} "):]
+    block = block[:block.index("\n  --", 3)]
+    assert f"(default: {value})" in " ".join(block.split()), block
+    assert text.index(f"\n  {flag} ") < text.index("inherited Trainer options")
+    assert "--smoke" in text
+
+
+def test_every_recipe_has_a_smoke_list():
+    for name in RECIPES:
+        recipe = load_recipe(name)
+        assert getattr(recipe, "SMOKE", None), f"recipes/{name}.py has no SMOKE settings"
+        assert "--output_dir" in recipe.SMOKE and "--use_cpu" in recipe.SMOKE, name

@@ -26,10 +26,12 @@ from hf_fedflat.cli.sweep import (
     write_tables,
 )
 
+from helpers import REPO_ROOT
+
 TINY = {"dataset_name": "digits", "model_name": "small_cnn", "image_size": 8, "num_clients": 4,
         "clients_per_round": 2, "num_rounds": 2, "local_steps": 2, "per_device_train_batch_size": 8,
         "learning_rate": 0.1, "use_cpu": True, "disable_tqdm": True, "report_to": "none", "save_every_n_rounds": 1}
-SWEEP_ROOT = Path(__file__).resolve().parents[1] / "sweeps"
+SWEEP_ROOT = REPO_ROOT / "sweeps"
 
 
 def _write(path: Path, values: dict) -> str:

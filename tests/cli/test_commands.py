@@ -18,8 +18,9 @@ from hf_fedflat.data.arguments import DataArguments
 from hf_fedflat.data.catalog import DATASETS, load_data
 from hf_fedflat.models.arguments import ModelArguments
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "recipes" / "configs").glob("*.yaml"))
+from helpers import REPO_ROOT
+
+CONFIGS = sorted((REPO_ROOT / "recipes" / "configs").glob("*.yaml"))
 
 
 def test_train_from_yaml_with_flag_overrides_and_tensorboard(tmp_path):
@@ -126,20 +127,6 @@ def test_usage_list_and_unknown_names(capsys):
         load_data(DataArguments(dataset_name="nope"), ModelArguments(), seed=0)
     with pytest.raises(ValueError, match="^model_kwargs: must be a JSON object"):
         ModelArguments(model_kwargs="[1, 2]").model_kwargs_dict
-
-
-def test_run_summary_of_a_language_model_shows_perplexity_lowest_best(tmp_path):
-    from hf_fedflat.cli import summarize_run
-
-    history = [{"round": 1, "eval_loss": 3.0, "eval_perplexity": 20.0, "round_seconds": 1.0},
-               {"round": 2, "eval_loss": 2.0, "eval_perplexity": 7.4, "round_seconds": 3.0},
-               {"round": 3, "eval_loss": 2.2, "eval_perplexity": 9.0, "round_seconds": 2.0}]
-    (tmp_path / "history.json").write_text(json.dumps(history))
-    summary = summarize_run(tmp_path)
-    assert (summary["metric"], summary["final"], summary["best"]) == ("eval_perplexity", 9.0, 7.4)
-    assert summary["best_round"] == 2
-    assert summary["seconds_per_round"] == 2.0
-    assert summarize_run(tmp_path, "eval_loss")["best"] == 2.0
 
 
 def test_partition_shows_a_datasets_own_partition(tmp_path, capsys):
