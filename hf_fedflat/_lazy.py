@@ -3,8 +3,8 @@
 A package lists what it re-exports and from which of its modules; the module is imported on first access
 of one of its names (``from hf_fedflat.federation import FederatedTrainer`` and ``hf_fedflat.federation.X``
 both work, as before). Each package repeats the same imports under ``if TYPE_CHECKING:`` so that type
-checkers, IDEs and the static import-cycle check (``tests/test_import_cycles.py``) see the real edges;
-``tests/test_lazy_imports.py`` checks that the two lists agree.
+checkers, IDEs and the static import-cycle check (``tests/test_package.py``) see the real edges; the same test
+file checks that the two lists agree.
 
 This module imports nothing of hf_fedflat.
 """

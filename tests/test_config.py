@@ -1,4 +1,6 @@
-"""FedTrainingArguments: parsing from CLI/YAML/JSON, defaults, and bad values failing early and clearly."""
+"""FedTrainingArguments: parsing from CLI/YAML/JSON, defaults, and bad values of the federated fields (a
+disconnected gossip graph included) failing early and clearly. The inherited Trainer fields' checks are tested in
+``tests/test_trainer_fields.py``."""
 
 from __future__ import annotations
 
@@ -161,3 +163,17 @@ def test_a_bool_piece_hyperparameter_is_a_bare_flag_as_before(tmp_path):
     for extra, expected in (([], False), (["--topology_redraw"], True), (["--topology_redraw", "false"], False)):
         (args,) = parser.parse_args_into_dataclasses(base + extra)
         assert args.topology_redraw is expected
+
+
+def test_a_disconnected_gossip_graph_is_refused(tmp_path):
+    edges = tmp_path / "edges.json"
+    edges.write_text(json.dumps([[0, 1], [2, 3]]))  # two pieces: spectral gap 0
+    base = dict(output_dir=str(tmp_path / "out"), fed_algorithm="dfedavg", topology="graph", num_clients=4,
+                clients_per_round=2)
+    with pytest.raises(ValueError, match=r"^topology_edges: .* does not connect all 4 clients \(spectral gap 0\)"):
+        FedTrainingArguments(**base, topology_edges=str(edges))
+    edges.write_text(json.dumps([[0, 1], [1, 2]]))  # client 3 alone
+    with pytest.raises(ValueError, match="^topology_edges: "):
+        FedTrainingArguments(**base, topology_edges=str(edges))
+    edges.write_text(json.dumps([[0, 1], [1, 2], [2, 3]]))  # a path: connected
+    assert FedTrainingArguments(**base, topology_edges=str(edges)).topology_edges == str(edges)

@@ -1,43 +1,34 @@
-"""Every field a run uses is checked before data or model loads; unused Trainer fields are refused; one loader.
+"""Every inherited Trainer field a run uses is checked before data or model loads; unused Trainer fields are refused.
 
-* a table of bad values of the inherited Trainer fields (and the pieces' / topology's), each through the Python
-  API and through ``hf-fedflat train``: a ``ValueError`` that starts with the field's name, raised before the
-  data loader or the model factory is called, with nothing written anywhere;
-* the refused-Trainer-flags table: every row refused with the federated field to use instead, its default accepted;
-* YAML values that YAML 1.1 reads as strings (``1e-4``) converted for every entry point, or the field named;
-* ``--help``: federated (and recipe) fields before the inherited Trainer fields, a recipe's docstring and defaults.
+* a table of bad values of the inherited Trainer fields (and the pieces'), each through the Python API and through
+  ``hf-fedflat train``: a ``ValueError`` that starts with the field's name, raised before the data loader or the
+  model factory is called, with nothing written anywhere; bools and output_dir checked too;
+* the refused-Trainer-flags table: every row refused with the federated field to use instead, its default
+  accepted, and marked in ``--help``.
+
+How every entry point reads a configuration (YAML, flags, recipe defaults, ``--help``'s order) is tested in
+``tests/cli/test_parsing.py``; the federated fields' own checks in ``tests/test_config.py``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 from pathlib import Path
 
 import pytest
-from transformers import HfArgumentParser
 
-import hf_fedflat.cli.experiment as experiment_module
 from hf_fedflat import FedTrainingArguments
-from hf_fedflat.cli import main, parse_train_args
-from hf_fedflat.cli.parsing import parse_arguments
+from hf_fedflat.cli import main
 from hf_fedflat.trainer_fields import INHERITED_CHECKS, REFUSED_TRAINER_FIELDS, SEED_MAX
 
-from test_recipes import ROOT, load_recipe
-
-RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.py"))
+from helpers import forbid_loading
 
 
 @pytest.fixture
 def nothing_loads(monkeypatch):
     """Data loading and model building fail the test if reached."""
-    def loaded(*args, **kwargs):
-        raise AssertionError("data or model loaded before the configuration was checked")
-
-    monkeypatch.setattr(experiment_module, "load_data", loaded)
-    monkeypatch.setattr(experiment_module, "build_model", loaded)
+    forbid_loading(monkeypatch)
 
 
 def snapshot(root: Path) -> set[str]:
@@ -189,20 +180,6 @@ def test_read_only_output_dir(tmp_path, monkeypatch, nothing_loads, capsys):
         locked.chmod(0o755)
 
 
-def test_a_disconnected_gossip_graph_is_refused(tmp_path):
-    edges = tmp_path / "edges.json"
-    edges.write_text(json.dumps([[0, 1], [2, 3]]))  # two pieces: spectral gap 0
-    base = dict(output_dir=str(tmp_path / "out"), fed_algorithm="dfedavg", topology="graph", num_clients=4,
-                clients_per_round=2)
-    with pytest.raises(ValueError, match=r"^topology_edges: .* does not connect all 4 clients \(spectral gap 0\)"):
-        FedTrainingArguments(**base, topology_edges=str(edges))
-    edges.write_text(json.dumps([[0, 1], [1, 2]]))  # client 3 alone
-    with pytest.raises(ValueError, match="^topology_edges: "):
-        FedTrainingArguments(**base, topology_edges=str(edges))
-    edges.write_text(json.dumps([[0, 1], [1, 2], [2, 3]]))  # a path: connected
-    assert FedTrainingArguments(**base, topology_edges=str(edges)).topology_edges == str(edges)
-
-
 # ------------------------------------------------------------------------------------------------
 # Trainer fields the federated loop does not use
 # ------------------------------------------------------------------------------------------------
@@ -258,137 +235,3 @@ def test_help_marks_the_refused_fields(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert ("--num_train_epochs FLOAT Refused by federated runs unless left at its default: set local_epochs" in text)
-
-
-# ------------------------------------------------------------------------------------------------
-# one loader: YAML strings converted for every entry point
-# ------------------------------------------------------------------------------------------------
-YAML_NUMBERS = "weight_decay: 1e-4\nlearning_rate: 5e-2\nnum_rounds: 1e2\nrho: 2e-1\nuse_cpu: yes\n"
-
-
-def test_yaml_1_1_strings_are_converted_by_the_cli(tmp_path):
-    config = tmp_path / "run.yaml"
-    config.write_text(f"output_dir: {tmp_path / 'out'}\nfed_algorithm: fedsam\n{YAML_NUMBERS}")
-    import yaml
-
-    assert yaml.safe_load(config.read_text())["weight_decay"] == "1e-4"  # what YAML 1.1 gives
-    _, _, _, args = parse_train_args(["--config", str(config)])
-    assert (args.weight_decay, args.learning_rate, args.num_rounds, args.rho, args.use_cpu) == (1e-4, 0.05, 100, 0.2, True)
-    assert isinstance(args.weight_decay, float) and isinstance(args.num_rounds, int)
-
-
-def test_yaml_1_1_strings_are_converted_by_the_quickstart_and_recipes(tmp_path, monkeypatch):
-    config = tmp_path / "run.yaml"
-    config.write_text(f"output_dir: {tmp_path / 'out'}\nfed_algorithm: fedsam\n{YAML_NUMBERS}")
-    quick, args, single = load_recipe("quickstart").parse([str(config)])  # a lone YAML argument
-    assert (args.weight_decay, args.num_rounds, args.rho, single) == (1e-4, 100, 0.2, True)
-
-    class Parsed(Exception):
-        pass
-
-    def capture(data_args, model_args, args, lora_args=None):
-        raise Parsed(args)
-
-    monkeypatch.setattr(experiment_module, "run_experiment", capture)
-    with pytest.raises(Parsed) as parsed:
-        load_recipe("mnist_fedgam").main(["--config", str(config)])
-    args = parsed.value.args[0]
-    assert (args.weight_decay, args.learning_rate, args.num_rounds, args.rho) == (1e-4, 0.05, 100, 0.2)
-
-
-def test_yaml_1_1_strings_are_converted_by_the_python_api(tmp_path):
-    config = tmp_path / "run.yaml"
-    config.write_text(f"output_dir: {tmp_path}\n{YAML_NUMBERS}")
-    (args,) = HfArgumentParser(FedTrainingArguments).parse_yaml_file(str(config))  # no flag conversion on this path
-    assert (args.weight_decay, args.num_rounds, args.use_cpu) == (1e-4, 100, True)
-    direct = FedTrainingArguments(output_dir=str(tmp_path), weight_decay="1e-4", per_device_train_batch_size="16",
-                                  dataloader_drop_last="true")
-    assert (direct.weight_decay, direct.per_device_train_batch_size, direct.dataloader_drop_last) == (1e-4, 16, True)
-
-
-def test_a_value_that_is_not_of_the_field_type_is_named_with_the_file(tmp_path, nothing_loads, capsys):
-    config = tmp_path / "run.yaml"
-    for text, field in (("weight_decay: a lot\n", "weight_decay"), ("num_rounds: 2.5\n", "num_rounds"),
-                        ("use_cpu: maybe\n", "use_cpu")):
-        config.write_text(f"output_dir: {tmp_path / 'out'}\n{text}")
-        assert main(["train", "--config", str(config)]) == 2
-        assert re.search(f"error: {field}: .* in {re.escape(str(config))}", capsys.readouterr().err)
-        with pytest.raises(ValueError, match=f"^{field}: "):
-            load_recipe("quickstart").parse([str(config)])
-    assert not (tmp_path / "out").exists()
-
-
-def test_precedence_flags_over_config_over_smoke_over_recipe_defaults(tmp_path, monkeypatch):
-    recipe = load_recipe("mnist_fedgam")
-    config = tmp_path / "run.yaml"
-    config.write_text("num_rounds: 30\n")
-
-    def parsed(argv):
-        return parse_train_args(argv, defaults=recipe.DEFAULTS, smoke=recipe.SMOKE)[3]
-
-    assert parsed([]).num_rounds == 200  # the recipe's
-    assert parsed(["--smoke"]).num_rounds == 2  # its smoke list
-    assert parsed(["--smoke", "--config", str(config)]).num_rounds == 30  # the file wins over both
-    assert parsed(["--config", str(config), "--smoke", "--num_rounds", "4"]).num_rounds == 4  # a flag wins over all
-    assert parsed(["--config", str(config)]).fed_algorithm == "fedgam"  # the file leaves the rest to the recipe
-
-
-# ------------------------------------------------------------------------------------------------
-# --help
-# ------------------------------------------------------------------------------------------------
-def help_text(call, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        call()
-    assert exit_.value.code == 0
-    return capsys.readouterr().out
-
-
-def test_train_help_lists_federated_fields_before_the_inherited_ones(capsys):
-    text = help_text(lambda: main(["train", "--help"]), capsys)
-    assert text.index("--fed_algorithm") < text.index("--num_clients") < text.index("--adam_beta1")
-    assert text.index("federated options") < text.index("data options") < text.index("inherited Trainer options")
-    first_inherited = text.index("inherited Trainer options")
-    for flag in ("--num_rounds", "--local_epochs", "--rho", "--learning_rate", "--partition_scheme"):
-        assert text.index(flag) < first_inherited, flag
-    assert len(text.splitlines()) < 952  # the old help, federated flags at line 771
-    assert text.index("--fed_algorithm") < 30 * 80  # on the first screens
-
-
-def first_default(defaults: list[str]) -> tuple[str, str]:
-    """The first ``--flag value`` of a recipe's defaults whose value is a plain word."""
-    for flag, value in zip(defaults, defaults[1:]):
-        if flag.startswith("--") and not value.startswith(("--", "{")) and len(value) < 30:
-            return flag, value
-    raise AssertionError("no plain default")
-
-
-@pytest.mark.parametrize("name", RECIPES)
-def test_recipe_help_shows_its_docstring_and_its_defaults_first(name, capsys):
-    recipe = load_recipe(name)
-    text = help_text(lambda: recipe.main(["--help"]), capsys)
-    first_line = recipe.__doc__.strip().splitlines()[0]
-    assert first_line in text
-    flag, value = first_default(recipe.DEFAULTS)
-    block = text[text.index(f"\n  {flag} "):]
-    block = block[:block.index("\n  --", 3)]
-    assert f"(default: {value})" in " ".join(block.split()), block
-    assert text.index(f"\n  {flag} ") < text.index("inherited Trainer options")
-    assert "--smoke" in text
-
-
-def test_every_recipe_has_a_smoke_list():
-    for name in RECIPES:
-        recipe = load_recipe(name)
-        assert getattr(recipe, "SMOKE", None), f"recipes/{name}.py has no SMOKE settings"
-        assert "--output_dir" in recipe.SMOKE and "--use_cpu" in recipe.SMOKE, name
-
-
-def test_parse_arguments_refuses_unknown_config_keys_and_recipe_flags(tmp_path):
-    config = tmp_path / "run.json"
-    config.write_text(json.dumps({"num_round": 3}))
-    with pytest.raises(ValueError, match=r"^config: unknown field\(s\) num_round in "):
-        parse_arguments([FedTrainingArguments], ["--config", str(config)])
-    with pytest.raises(ValueError, match="^recipe defaults: '--num_round' is not a flag"):
-        parse_arguments([FedTrainingArguments], [], defaults=["--num_round", "3"])
-    assert math.isclose(parse_arguments([FedTrainingArguments], ["--output_dir", str(tmp_path)],
-                                        defaults=["--weight_decay", "1e-3"])[0].weight_decay, 1e-3)

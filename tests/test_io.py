@@ -1,9 +1,9 @@
-"""Writes into output_dir never follow a symbolic link; final_model/ is written whole or not at all (issue 17, item 4).
+"""Writes into output_dir never follow a symbolic link; final_model/ is written whole or not at all (``hf_fedflat.io``).
 
 A link planted in the run's folder (``partition.json -> <a file elsewhere>``, ``final_model -> <a folder
 elsewhere>``) is refused with an error naming it, and the file it points to is unchanged (hashed before and
 after). A save of ``final_model/`` that fails or is killed half-way leaves the previous one intact and no folder
-that looks complete.
+that looks complete. (A push of a final model that fails its completion check: ``tests/hub/test_push.py``.)
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from hf_fedflat.io import (
 )
 
 from conftest import TinyClassifier, make_tiny_dataset
+from helpers import REPO_ROOT
 
 TRAIN = make_tiny_dataset(n=24, seed=1)
 TEST = make_tiny_dataset(n=9, seed=2)
@@ -204,7 +205,7 @@ def test_killed_final_save_leaves_nothing_that_looks_complete(tmp_path):
     t.train()
     final = tmp_path / "final_model"
     before = digest(final)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(final)], capture_output=True, text=True,
                             timeout=120, env=env)
     assert result.returncode == -9, result.stderr[-2000:]
@@ -226,20 +227,3 @@ def test_atomic_write_dir_refuses_a_linked_target_and_cleans_up(tmp_path, outsid
         atomic_write_dir(tmp_path / "model", lambda d: Path(d, "config.json").write_text("{}"), root=tmp_path)
     assert digest(outside) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "outside"]
-
-
-def test_push_refuses_a_truncated_final_model(tmp_path):
-    from unittest import mock
-
-    from hf_fedflat.hub import push_final_model
-
-    t = trainer(tmp_path)
-    output = t.train()
-    final = Path(output.final_model_dir)
-    data = (final / "model.safetensors").read_bytes()
-    (final / "model.safetensors").write_bytes(data[:100])
-    api = mock.MagicMock()
-    with pytest.raises(IncompleteSaveError, match="model.safetensors"):
-        push_final_model(final, t.args, api=api)
-    api.create_repo.assert_not_called()
-    api.upload_folder.assert_not_called()
