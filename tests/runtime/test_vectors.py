@@ -12,7 +12,7 @@ from hf_fedflat.runtime import vectors
 from hf_fedflat.runtime.vectors import BufferPool, VectorRecycler, recycle_vectors
 
 from conftest import TinyClassifier
-from test_federated_run import TEST, TRAIN
+from helpers.runs import TEST, TRAIN
 
 N = 1000
 

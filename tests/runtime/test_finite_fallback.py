@@ -22,7 +22,7 @@ from hf_fedflat.runtime.finite_fallback import device_side_checks
 from hf_fedflat.training.client_trainer import ClientTrainer
 
 from conftest import TinyClassifier
-from test_federated_run import TEST, TRAIN, run
+from helpers.runs import TEST, TRAIN, run
 
 TRAINING_STEP, LOCAL_LOOP = ClientTrainer.training_step, client_loop.run  # (unpatched, whatever a test patches)
 CPU = torch.device("cpu")

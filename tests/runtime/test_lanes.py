@@ -13,28 +13,22 @@ import random
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from torch import nn
 
 from hf_fedflat import FedTrainingArguments, FederatedCallback, create_trainer
 from hf_fedflat.runtime.lanes import Lane, RngGuard, own_gradient_state
 
 from conftest import TinyClassifier, make_tiny_dataset
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "golden"))
-
-from record_weights import RECORD, TEST, TRAIN, base_settings, digest, runs  # noqa: E402
+from golden.record_weights import RECORD, TEST, TRAIN, base_settings, digest, runs
+from helpers import REPO_ROOT as ROOT
+from helpers.random_draws import DropoutClassifier, noisy_train_data
 
 with open(RECORD) as handle:
     RECORDED = json.load(handle)
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class ClientOrder(FederatedCallback):
@@ -87,27 +81,6 @@ def test_lanes_have_their_own_models_trainers_and_arguments():
 
 
 # -- random numbers: dropout in the step, a random transform in the batch fetch, the data order ----------------
-class DropoutClassifier(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Tanh(), nn.Linear(16, 3))
-
-    def forward(self, x, labels=None):
-        logits = self.net(x)
-        return {"logits": logits, "loss": nn.functional.cross_entropy(logits, labels)}
-
-
-def noisy_train_data() -> datasets.Dataset:
-    plain = make_tiny_dataset(n=96, seed=1).with_format(None)
-    table = datasets.Dataset.from_dict({"x": plain["x"], "labels": plain["labels"], "label": plain["label"]})
-
-    def augment(batch):  # a random augmentation drawing from torch's global generator, as torchvision's do
-        x = torch.tensor(batch["x"])
-        return {"x": x + 0.3 * torch.randn(x.shape), "labels": torch.tensor(batch["labels"])}
-
-    return table.with_transform(augment)
-
-
 def test_dropout_and_random_transforms_give_the_same_weights_as_one_client_at_a_time():
     settings = {"fed_algorithm": "fedsam", "remove_unused_columns": False}
     torch.manual_seed(0)

@@ -17,8 +17,8 @@ from hf_fedflat import FederatedCallback, FederatedTrainer, FedTrainingArguments
 from hf_fedflat.runtime import client_loop
 from hf_fedflat.runtime.materialize import TensorRows
 
-from test_concurrent_clients import DropoutClassifier, noisy_train_data
-from test_federated_run import TEST, TRAIN
+from helpers.random_draws import DropoutClassifier, noisy_train_data
+from helpers.runs import TEST, TRAIN
 
 
 def settings(tmp, **overrides) -> dict:

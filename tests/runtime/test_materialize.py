@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import datasets
 import numpy as np
@@ -18,6 +17,7 @@ from transformers.data.data_collator import default_data_collator
 from hf_fedflat.runtime import materialize as mat
 
 from conftest import TinyClassifier
+from helpers import REPO_ROOT
 
 
 def make_trainer(tmp_path) -> Trainer:
@@ -184,7 +184,7 @@ def test_budget_environment_variable(monkeypatch):
 
 @pytest.fixture(scope="module")
 def user_data_bench():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "user_data.py"
+    path = REPO_ROOT / "benchmarks" / "user_data.py"
     spec = importlib.util.spec_from_file_location("benchmarks_user_data", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
