@@ -1,7 +1,7 @@
 """Final weights of every preset (and the combinations the redesign must keep) over 3 rounds.
 
 Recorded once before the 2026-11 redesign (``python tests/golden/record_weights.py``) into
-``weights_before_redesign.json``; ``tests/test_golden_weights.py`` recomputes them and compares the
+``weights_before_redesign.json``; ``tests/golden/test_golden_weights.py`` recomputes them and compares the
 SHA-256 of the float32 bytes: any change of the arithmetic of a step, correction or server rule shows.
 """
 

@@ -7,14 +7,10 @@ on the code as it was before the 2026-11 redesign; it is never regenerated to ma
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "golden"))
-
-from record_weights import RECORD, digest, final_weights, runs  # noqa: E402
+from golden.record_weights import RECORD, digest, final_weights, runs
 
 with open(RECORD) as handle:
     RECORDED = json.load(handle)

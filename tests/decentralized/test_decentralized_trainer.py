@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,14 +14,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from hf_fedflat import DecentralizedTrainer, FederatedCallback, FedTrainingArguments, FederatedTrainer, get_preset
-from hf_fedflat.decentralized import GossipAggregator, Topology
 from hf_fedflat.federation.trainer_factory import trainer_class_for
-from hf_fedflat.aggregators.gossip import GossipConfig
 from hf_fedflat.federation.outcome import TrainingFailedError
 
 from conftest import TinyClassifier, make_tiny_dataset, tiny_loss
+from helpers import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAIN = make_tiny_dataset(n=96, seed=1)
 TEST = make_tiny_dataset(n=30, seed=2)
 DECENTRALIZED = ("dfedavg", "dfedavgm", "dpsgd", "dfedsam", "dfedgam")
@@ -36,6 +33,10 @@ def settings(output_dir, **overrides):
         decentralized_participation="sampled",  # (the presets' default is the seeds' full participation)
     )
     values.update(overrides)
+    if values["fed_algorithm"] not in DECENTRALIZED:  # a server run refuses the gossip settings
+        for key in ("topology", "decentralized_participation"):
+            if key not in overrides:
+                values.pop(key)
     return values
 
 
@@ -117,7 +118,7 @@ def test_dfedavgm_is_heavy_ball_momentum_reset_every_round(tmp_path):
 
 def test_dfedgam_local_step_equals_the_fedgam_formula(tmp_path):
     rho, alpha, lr = 0.3, 0.5, 0.1
-    # the FedGAM form stays available as the perturbation "gam" (the preset's own step: tests/test_paper_methods.py)
+    # the FedGAM form stays available as the perturbation "gam" (the preset's own step: tests/perturbations/test_gam_first_order.py)
     trainer, model, x, y = client_setup(tmp_path, fed_algorithm="dfedgam", perturbation="gam", rho=rho,
                                         gam_alpha=alpha, local_steps=1)
     w = trainer.space.flatten()
