@@ -7,7 +7,7 @@ callback events, logging and speed bookkeeping, a FLOP count per micro-batch (a 
 checkpoint-folder scan at the end: workload 6 (``benchmarks/user_data.py``: FedAvg on digits) ran at 1.9x a plain
 PyTorch loop. This loop runs the same micro-batches (the same ``get_batch_samples`` grouping, loss normalisation
 and sync flags), the same clipping, optimizer and scheduler steps, and stops at ``max_steps``; bit-identical
-weights and losses (``tests/test_client_loop.py``). Its parts, each measured on that workload (README):
+weights and losses (``tests/runtime/test_client_loop.py``). Its parts, each measured on that workload (README):
 
 * :class:`TensorRowsLoader`: materialised client rows batched by one index, without a DataLoader per client
   (the same batches and random draws as the Trainer's; else the Trainer's own dataloader);
@@ -90,7 +90,7 @@ class TensorRowsLoader:
     are consecutive slices of the order (the last one partial unless ``drop_last``), collated by the materialised
     columns and moved to the device.
     This does the same (the batches and the global generator's state after each epoch are tested equal to the
-    Trainer's dataloader, ``tests/test_client_loop.py``).
+    Trainer's dataloader, ``tests/runtime/test_client_loop.py``).
 
     On a device other than the CPU (``stage_on_device``) the client's rows and each epoch's order are copied to
     the device once, and every batch is indexed there: a host-to-device copy from pageable memory blocks the

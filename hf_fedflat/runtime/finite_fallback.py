@@ -13,8 +13,8 @@ where the offset is, so that it never costs a sync:
   zeros (its pass runs at ``w``), the tests are collected in a 0-dim bool tensor, and at the end ``torch.where``
   picks the direction or the first pass's gradient (and the new or the old workspace entries).
 
-Both give the same values, finite or not (``tests/test_host_syncs.py`` runs the accelerator's path on the CPU
-through :func:`device_side_checks`, and counts its host reads: none). The accelerator's path does more work only on
+Both give the same values, finite or not (``tests/runtime/test_finite_fallback.py`` runs the accelerator's path on the
+CPU through :func:`device_side_checks`, and counts its host reads: none). The accelerator's path does more work only on
 a step that falls back: it runs every pass and discards them. An offset whose elements are finite but sum past the
 largest float counts as not finite (no usable step moves the weights that far).
 

@@ -14,7 +14,7 @@ The batches are the ones the Trainer's own path builds: the same rows in the sam
 only sees the length), the same columns (the Trainer's ``_remove_unused_columns``), and the collator's
 keys, dtypes and values (only the default collator, ``default_data_collator`` / ``DefaultDataCollator``,
 is reproduced, and the result is checked against the real collator on a sample of rows before use), so
-the final weights are identical (``tests/test_materialize.py``). Anything else (a transform, a custom
+the final weights are identical (``tests/runtime/test_materialize.py``). Anything else (a transform, a custom
 format, strings, ragged lists, another collator, a dataset over the memory budget) keeps the
 ``datasets`` path.
 
