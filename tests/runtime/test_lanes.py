@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -189,3 +190,52 @@ def test_two_processes_with_two_clients_each_equal_one_process(tmp_path):
     assert torch.equal(output.params, two)
     history = json.loads((tmp_path / "two" / "history.json").read_text())
     assert [r["clients"] for r in history] == [r["clients"] for r in output.history]
+
+
+# -- the generator guard under load: no lane draws from, or reads, another lane's generator states ---------------
+def test_the_row_loader_reads_torchs_seed_when_iterated_not_when_built():
+    """A lane builds its client's row loader outside the generator guard, where another lane's states may be
+    swapped in; the shuffle must follow the seed in force when the batches are fetched (under the guard)."""
+    from hf_fedflat.runtime import client_loop
+
+    original = client_loop.tensor_rows_loader
+
+    def built_while_another_lane_holds_the_generators(trainer, args):
+        state = torch.get_rng_state()
+        torch.manual_seed(12345)  # what another lane's swapped-in states look like to this thread
+        try:
+            return original(trainer, args)
+        finally:
+            torch.set_rng_state(state)
+
+    client_loop.tensor_rows_loader = built_while_another_lane_holds_the_generators
+    try:
+        params, trainer, _, _ = run({**runs()["fedavg"]})
+    finally:
+        client_loop.tensor_rows_loader = original
+    assert trainer.client_trainer.lean_loop_clients > 0  # the row loader really was used
+    assert digest(params) == RECORDED["fedavg"]["sha256"]
+
+
+@pytest.mark.parametrize("name", ["scaffold", "fedlesam"])
+def test_lanes_beside_a_busy_thread_reproduce_the_recorded_weights(name):
+    """Lanes next to a thread that keeps the interpreter and a core busy (it draws no random numbers): the thread
+    switches land at other points every run, the weights must not move."""
+    stop = threading.Event()
+
+    def busy():
+        ones = torch.ones(64, 64)
+        while not stop.is_set():
+            ones @ ones
+
+    hogs = [threading.Thread(target=busy, daemon=True) for _ in range(2)]
+    for hog in hogs:
+        hog.start()
+    try:
+        for _ in range(3):
+            params, _, _, _ = run({**runs()[name], "concurrent_clients": 3})
+            assert digest(params) == RECORDED[name]["sha256"], (name, float(params.double().norm()))
+    finally:
+        stop.set()
+        for hog in hogs:
+            hog.join()
