@@ -1,4 +1,4 @@
-"""Workload 6 of issue 20: data as users store it (CPU).
+"""Workload 6: data as users store it (CPU).
 
     python benchmarks/user_data.py [--rounds 100] [--repeats 2] [--formats torch,numpy] [--output benchmarks/user_data.json]
     python benchmarks/user_data.py --profile      # cProfile of one FedAvg run per format, no lock-step
@@ -17,7 +17,7 @@ second or two; each round keeps its fastest time over the repeats):
 * ``fedavg_<format>``: ``FederatedTrainer`` on the ``Dataset`` (fast path on: the client data are
   materialised once as tensors, ``hf_fedflat.runtime.materialize``);
 * ``fedavg_<format>_unmaterialised``: the same with the ``materialize`` mechanism off (datasets formats
-  every row; what the issue measured at 3.3x);
+  every row; measured at 3.3x before rows were materialised);
 * ``fedavg_<format>_without_<mechanism>`` (``--without``, default ``client_loop``): the first format with one more
   fast-path mechanism off, what that mechanism saves on this workload.
 
@@ -30,7 +30,7 @@ not move with the VM's load: the same code gives the same count, so they show wh
 timing cannot resolve it (a client here is ~2 steps of ~1 ms, and each extra call costs ~0.5-1 us inside the loop).
 Tensor operations per round (``tensor_ops_per_round``): the operations torch's dispatcher runs for a side in the same
 rounds (a ``TorchDispatchMode``, another untimed run). Between training steps an operation costs ~10-25 us here
-against ~5 us in a warm loop (session 7: torch's clipping, 8 operations plus its grouping, took ~240 us a step inside
+against ~5 us in a warm loop (measured 2026-11-25: torch's clipping, 8 operations plus its grouping, took ~240 us a step inside
 the client loop and ~120 us alone), so these count as much as the calls.
 """
 

@@ -430,7 +430,7 @@ def shakespeare_workload(job: Job, plays: str | None, scale: float) -> tuple[Wor
                     lambda rows: {"input_ids": x[rows].long(), "labels": y[rows]}), info
 
 
-#: the issue's targets at the papers' local work: one pass per step within 1.10x FedAvg, two passes within 2.2x
+#: the targets at the papers' local work: one pass per step within 1.10x FedAvg, two passes within 2.2x
 ALGORITHM_TARGETS = {"fedup": 1.10, "fedlesam": 1.10, "fedprox": 1.10, "scaffold": 1.10, "fedsam": 2.2, "fedgam": 2.2}
 
 
@@ -507,7 +507,7 @@ def section_vit_lora(opts) -> list[dict]:
     up = [b for b in fedavg["bytes_up_per_round"] if b]
     down = [b for b in fedavg["bytes_down_per_round"] if b]
     per_client_up = statistics.fmean(up) / job.clients_per_round
-    # no target here: the issue asks for the bytes; run.py's 2% target is ViT-B/32's (adapters grow with the width
+    # no target here: this reports the bytes; run.py's 2% target is ViT-B/32's (adapters grow with the width
     # less than the model does, so a narrower ViT sends a larger share)
     records.append({"name": "vit_lora_bytes_up_per_client_share", "ratio": round(per_client_up / info["full_model_bytes"], 5),
                     "target": None, "passed": None,

@@ -2,7 +2,7 @@
 
 A ``datasets.Dataset`` in ``torch`` or ``numpy`` format formats every row it serves: for nested numeric
 lists (images stored with ``Dataset.from_dict``) that per-row work was most of a round of a small model
-(issue 20, workload 6: 3.3x a plain loop indexing tensors). When the columns the local ``Trainer`` feeds
+(workload 6, ``benchmarks/user_data.py``: 3.3x a plain loop indexing tensors). When the columns the local ``Trainer`` feeds
 the model are fixed-shape numbers, :func:`materialize` reads them once, whole: straight from the Arrow table where the
 columns are numbers or fixed-length nested lists of numbers (cast as the formatter casts a row), else one
 formatted batch (``dataset[:]``; a ``format_kwargs`` dtype, decoded images), and each client gets :class:`TensorRows`, a light torch ``Dataset`` over its row

@@ -32,7 +32,7 @@ class HeapTrimmer:
     ``check_every``-th call only, and the resident set first: what malloc has handed out (``mallinfo2``, which
     walks every arena's free lists: ~100 us with a fragmented heap, and the caches' contents with it) only once
     the resident set has grown by the slack since the last trim or live growth. Without that order the checks
-    alone cost workload 6 of issue 20 (a client every ~4 ms) 3-4% of its round time, with no trim in 100 rounds.
+    alone cost workload 6 (``benchmarks/user_data.py``, a client every ~4 ms) 3-4% of its round time, with no trim in 100 rounds.
     A negative slack trims at every check. The same remedy as Dask's documented ``malloc_trim``. A no-op where
     ``malloc_trim`` does not exist (macOS, Windows, musl).
     """
