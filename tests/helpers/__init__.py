@@ -8,7 +8,8 @@
 * :func:`help_text` -- what a command's ``--help`` prints (it must exit with status 0).
 
 The submodules hold what several test files share: :mod:`.runs` (a tiny federated run), :mod:`.hf_fixtures`
-(tiny transformers models), :mod:`.hub` (a finished run on disk), :mod:`.images`, :mod:`.leaf`.
+(tiny transformers models), :mod:`.hub` (a finished run on disk), :mod:`.images`, :mod:`.leaf`, :mod:`.random_draws`
+(a dropout model and noisy data: runs whose weights depend on every random draw).
 """
 
 from __future__ import annotations
