@@ -27,6 +27,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from .algorithms import SharpnessAware, get_preset, resolve_parts
+from .algorithms.conflicts import DECENTRALIZED_RUN_FIELDS
 from .algorithms.registry import (
     AGGREGATOR_PLUGINS,
     AGGREGATORS,
@@ -241,7 +242,15 @@ class FedTrainingArguments(TrainingArguments):
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         values.update({name: None for name in getattr(self, "_defaulted_fields", ())})
         values.update(fed_algorithm=fed_algorithm, **changes)
-        return type(self)(**values)
+        copy = type(self)(**values)
+        copy.restrict_explicit_fields([*getattr(self, "_explicit_fields", ()), *changes])
+        return copy
+
+    def restrict_explicit_fields(self, names) -> None:
+        """Count only ``names`` as the hyperparameters the user gave (:meth:`check_algorithm_settings` refuses or warns
+        about those): the parser passes the flags and config keys given, so a recipe's defaults are not counted."""
+        names = set(names)
+        self._explicit_fields = tuple(n for n in getattr(self, "_explicit_fields", ()) if n in names)
 
     @property
     def diagnostics_list(self) -> list[str]:
@@ -267,10 +276,32 @@ class FedTrainingArguments(TrainingArguments):
         return {name: getattr(self, name) for name in dict.fromkeys(names)}
 
     # ------------------------------------------------------------------------------------------------
+    @property
+    def algorithm_label(self) -> str:
+        """What runs, by name: the preset's, with the parts given in its place (``dfedsam (perturbation=gam)``)."""
+        from .algorithms.conflicts import algorithm_label
+
+        return algorithm_label(self.fed_algorithm, self.perturbation, self.corrections, self.aggregator)
+
+    def check_algorithm_settings(self) -> None:
+        """Refuse (``ConfigError``, a ``ValueError`` naming the fields) the settings that contradict the algorithm: an
+        aggregator of the other kind than the preset's (server / decentralized), gossip flags on a server run, ...;
+        warn once about hyperparameters given that no piece of the run reads. Every run does this before it
+        starts (``build_algorithm``; the CLI and the recipes before any data loads): see
+        :mod:`hf_fedflat.algorithms.conflicts`."""
+        from .algorithms.conflicts import check_algorithm_settings
+
+        also_read = ("rho",) if "sharpness" in self.diagnostics_list else ()  # the sharpness diagnostic's radius
+        check_algorithm_settings(self, getattr(self, "_explicit_fields", ()), also_read)
+
     def _resolve_hyperparameters(self, pieces: list[type]) -> None:
         """Unset (None) hyperparameters take the preset's default, then the active pieces' own, then
-        :data:`RUN_DEFAULTS`; the ones filled in are recorded in ``_defaulted_fields`` (see :meth:`with_algorithm`).
+        :data:`RUN_DEFAULTS`; the ones filled in are recorded in ``_defaulted_fields`` (see :meth:`with_algorithm`),
+        the ones given (not None before) in ``_explicit_fields`` (see :meth:`check_algorithm_settings`).
         A hyperparameter that no active piece reads stays unset."""
+        given = [f.name for piece in _registered_pieces() for f in dataclasses.fields(piece.config_class)]
+        given += list(DECENTRALIZED_RUN_FIELDS)
+        self._explicit_fields = tuple(sorted(name for name in set(given) if getattr(self, name, None) is not None))
         defaulted = set()
         sources = [dict(get_preset(self.fed_algorithm).defaults), *(p.config_class.defaults() for p in pieces), RUN_DEFAULTS]
         for source in sources:

@@ -1,8 +1,9 @@
-"""Checks shared by every configuration dataclass: a bad value raises ``ValueError("<field>: <what to do>")``.
+"""Checks shared by every configuration dataclass: a bad value raises ``ConfigError("<field>: <what to do>")``.
 
 The argument dataclasses (:mod:`hf_fedflat.config`, :mod:`hf_fedflat.data.arguments`, the diagnostics and
 client-state options, each piece's hyperparameters) validate with these, so every message starts with the
-field's name, before any data or model loads.
+field's name, before any data or model loads. :class:`ConfigError` is a ``ValueError``; the command line reports
+it as one line and exit status 2 (:mod:`hf_fedflat.cli.exit_codes`), wherever it is raised before training.
 """
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["check_choice", "check_integer", "check_number", "fail"]
+__all__ = ["ConfigError", "check_choice", "check_integer", "check_number", "fail"]
+
+
+class ConfigError(ValueError):
+    """A setting is refused: a flag's or config file's value, or one that the algorithm, the data or the model
+    contradicts. The message starts with the field's (or the file's) name; raised before training starts."""
 
 
 def fail(name: str, message: str):
-    """Raise ``ValueError("<name>: <message>")``."""
-    raise ValueError(f"{name}: {message}")
+    """Raise ``ConfigError("<name>: <message>")`` (a ``ValueError``)."""
+    raise ConfigError(f"{name}: {message}")
 
 
 def check_integer(name: str, value: Any, low: int = 1, high: int | None = None) -> None:

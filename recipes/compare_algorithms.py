@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
 from hf_fedflat.cli.comparison import format_markdown, run_comparison, write_comparison
+from hf_fedflat.field_checks import check_choice
 from hf_fedflat.models import create_model
+from hf_fedflat.models.arguments import ModelArguments
 from hf_fedflat.cli.parsing import parse_arguments
 
 SEVENTEEN = ("fedavg,fedprox,scaffold,feddyn,fedadam,fednova,fedsam,mofedsam,fedgamma,fedsmoo,"
@@ -50,6 +52,10 @@ class CompareArguments:
     image_size: int = field(default=16, metadata={"help": "Input side the images are resized to."})
     smoke: bool = field(default=False, metadata={"help": "A run of seconds: FedAvg vs FedLESAM, 4 clients, 2 rounds."})
 
+    def __post_init__(self):
+        check_choice("dataset", self.dataset, ("digits", "mnist"))
+        ModelArguments(model_name=self.model_name, image_size=self.image_size)  # train's checks of the two fields
+
 
 def load_data(compare: CompareArguments, seed: int):
     if compare.dataset == "digits":
@@ -66,9 +72,9 @@ def load_data(compare: CompareArguments, seed: int):
 def main(argv: list[str] | None = None):
     group = init_process_group()  # first: before the arguments set up accelerate
     argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     compare, args = parse_arguments((CompareArguments, FedTrainingArguments), argv, defaults=DEFAULTS, smoke=SMOKE,
                                     prog="compare_algorithms.py", description=__doc__)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     data, channels = load_data(compare, DEFAULT_SPLIT_SEED)  # the same test set whatever --seed is
     algorithms = [name.strip() for name in compare.algorithms.split(",") if name.strip()]
     rows, histories = run_comparison(

@@ -23,6 +23,7 @@ from hf_fedflat.cli.comparison import format_markdown, run_comparison, write_com
 from hf_fedflat.data import load_digits_dataset
 from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
 from hf_fedflat.models import create_model
+from hf_fedflat.models.arguments import ModelArguments
 from hf_fedflat.cli.parsing import explicit_fields, parse_arguments
 
 logger = logging.getLogger("quickstart")
@@ -51,19 +52,25 @@ class QuickstartArguments:
     image_size: int = field(default=16, metadata={"help": "Side the 8x8 digits are upscaled to."})
     smoke: bool = field(default=False, metadata={"help": "A run of seconds: FedAvg vs FedSAM, 4 clients, 2 rounds."})
 
+    def __post_init__(self):
+        ModelArguments(model_name=self.model_name, image_size=self.image_size)  # train's checks of the two fields
+
 
 def parse(argv: list[str]) -> tuple[QuickstartArguments, FedTrainingArguments, bool]:
     """``(quickstart options, training arguments, whether one algorithm was asked for)``."""
     quick, args = parse_arguments((QuickstartArguments, FedTrainingArguments), argv, defaults=DEFAULTS, smoke=SMOKE,
                                   prog="quickstart.py", description=__doc__)
-    return quick, args, "fed_algorithm" in explicit_fields(argv)
+    single = "fed_algorithm" in explicit_fields(argv)
+    if single:  # (a comparison checks each algorithm's settings before the first trains)
+        args.check_algorithm_settings()
+    return quick, args, single
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     group = init_process_group()  # first: before the arguments set up accelerate
     argv = sys.argv[1:] if argv is None else argv
-    quick, args, single = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quick, args, single = parse(argv)
     data = load_digits_dataset(image_size=quick.image_size, seed=DEFAULT_SPLIT_SEED)  # the test set: not --seed's
     names = [args.fed_algorithm] if single else [n.strip() for n in quick.compare.split(",") if n.strip()]
     rows, histories = run_comparison(

@@ -116,6 +116,9 @@ class FederatedAlgorithm:
 
 def resolve_parts(fed_algorithm: str, perturbation: str | None, corrections: str | None, aggregator: str | None):
     """The three part names: the preset's, each overridable by naming the part directly."""
+    for field, value in (("perturbation", perturbation), ("corrections", corrections), ("aggregator", aggregator)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{field}: must be a name (text), got {value!r}.")
     spec = get_preset(fed_algorithm)
     parts = (
         perturbation if perturbation is not None else spec.perturbation,
@@ -135,6 +138,22 @@ def resolve_parts(fed_algorithm: str, perturbation: str | None, corrections: str
     return parts
 
 
+def algorithm_label(fed_algorithm: str, perturbation: str | None = None, corrections: str | None = None,
+                    aggregator: str | None = None) -> str:
+    """The preset's name, followed by every part that differs from the preset's: ``"dfedgam (aggregator=fedadam)"``,
+    ``"scaffold (corrections=none)"``; just ``fed_algorithm`` when the parts are the preset's."""
+    spec = get_preset(fed_algorithm)
+    parts = resolve_parts(fed_algorithm, perturbation, corrections, aggregator)
+    changed = []
+    if parts[0] != spec.perturbation:
+        changed.append(f"perturbation={parts[0]}")
+    if tuple(parts[1]) != tuple(spec.corrections):
+        changed.append(f"corrections={','.join(parts[1]) or 'none'}")
+    if parts[2] != spec.aggregator:
+        changed.append(f"aggregator={parts[2]}")
+    return f"{fed_algorithm} ({', '.join(changed)})" if changed else fed_algorithm
+
+
 def build_piece(cls: type, args) -> Any:
     """``cls(config, **run settings)`` with the config's fields read from ``args`` (None: the piece's default); a run
     setting ``args`` lacks (a test's namespace) takes the constructor's default."""
@@ -147,8 +166,14 @@ def build_algorithm(args) -> FederatedAlgorithm:
     its fields as attributes).
 
     Each piece's config is read from the attributes named as its fields; a missing or ``None`` one takes the
-    piece's default.
+    piece's default. Settings that contradict the composition are refused first, and hyperparameters given that no
+    piece reads are warned about (``FedTrainingArguments.check_algorithm_settings``, see
+    :mod:`hf_fedflat.algorithms.conflicts`). The algorithm's ``name`` is what runs: the preset's name, with the parts
+    given in place of the preset's (:func:`algorithm_label`).
     """
+    check = getattr(args, "check_algorithm_settings", None)  # FedTrainingArguments' (a test's namespace has none)
+    if callable(check):
+        check()
     perturbation, corrections, aggregator = resolve_parts(
         args.fed_algorithm, getattr(args, "perturbation", None), getattr(args, "corrections", None),
         getattr(args, "aggregator", None),
@@ -160,7 +185,8 @@ def build_algorithm(args) -> FederatedAlgorithm:
         settings = {name: getattr(args, name) for name in plugin_class.run_settings if hasattr(args, name)}
         server_rule = plugin_class(server_rule, plugin_class.config_class.from_args(args), **settings)
     return FederatedAlgorithm(
-        name=args.fed_algorithm,
+        name=algorithm_label(args.fed_algorithm, *(getattr(args, part, None)
+                                                   for part in ("perturbation", "corrections", "aggregator"))),
         perturbation=build_piece(PERTURBATIONS[perturbation], args),
         corrections=tuple(build_piece(CORRECTIONS[name], args) for name in corrections),
         aggregator=server_rule,

@@ -188,6 +188,9 @@ def split_plugins(name: str) -> tuple[str, tuple[str, ...]]:
 
 def get_preset(name: str) -> AlgorithmSpec:
     """The preset ``name``; ``"<preset>+<plugin>"`` is the preset with the plug-in added to its aggregator."""
+    if not isinstance(name, str):
+        raise ValueError(f"fed_algorithm: must be an algorithm's name (text), got {name!r}. Available: "
+                         f"{', '.join(list_algorithms())}.")
     base, plugins = split_plugins(name)
     if base not in PRESETS:
         raise ValueError(

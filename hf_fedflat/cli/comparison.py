@@ -70,8 +70,24 @@ def run_comparison(
 
     ``args`` is the shared configuration; each algorithm gets ``args.with_algorithm(name)`` (its preset's
     defaults apply where the user set nothing) and the sub-folder ``<output_dir>/<name>``; with
-    ``single_run`` the one algorithm of ``args`` runs in ``output_dir`` itself.
+    ``single_run`` the one algorithm of ``args`` runs in ``output_dir`` itself. Every algorithm's settings are
+    checked before the first one trains (an unknown name, or a setting that contradicts one of them, raises
+    ``ConfigError``). A row's ``algorithm`` is what ran: the name, with any part given in place of the preset's
+    (``FedTrainingArguments.algorithm_label``).
     """
+    from ..field_checks import ConfigError
+
+    members = {}
+    for name in algorithms:
+        try:
+            run_args = args if single_run else args.with_algorithm(
+                name, output_dir=os.path.join(args.output_dir, name.replace("+", "_")))
+            run_args.check_algorithm_settings()
+        except ConfigError:
+            raise
+        except ValueError as error:  # an unknown preset: the field checks' one error type
+            raise ConfigError(str(error)) from error
+        members[name] = run_args
     if trainer_factory is None:  # a server loop, or gossip for the decentralized presets
         from ..federation.trainer_factory import create_trainer as trainer_factory
     if partition is None:
@@ -83,16 +99,15 @@ def run_comparison(
             min_partition_size=args.min_partition_size, seed=args.effective_partition_seed,
         )
     rows, histories = [], {}
-    for name in algorithms:
-        run_args = args if single_run else args.with_algorithm(
-            name, output_dir=os.path.join(args.output_dir, name.replace("+", "_")))
+    for name, run_args in members.items():
         set_seed(args.seed)  # the same initial model for every algorithm
         trainer = trainer_factory(make_model(), run_args, train_dataset, eval_dataset, partition=partition,
                                   label_column=label_column)
         output = trainer.train()
-        histories[name] = output.history
+        label = run_args.algorithm_label
+        histories[label] = output.history
         summary = summarize_run(output.history, "eval_accuracy", args.target_accuracy)
-        rows.append(comparison_row(name, summary, build_algorithm(run_args).passes_per_step))
+        rows.append(comparison_row(label, summary, build_algorithm(run_args).passes_per_step))
     return add_time_ratios(rows), histories
 
 

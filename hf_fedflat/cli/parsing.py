@@ -5,7 +5,8 @@
 
 1. the flags given (``--num_rounds 50``);
 2. ``--config run.yaml`` (or a lone ``run.yaml`` argument): any field of the parsed dataclasses; a value
-   written as a string (YAML 1.1 reads ``1e-4`` as one) is converted to the field's type like a flag, and
+   written as a string (YAML 1.1 reads ``1e-4`` as one) is converted to the field's type like a flag, a number
+   given to a text field becomes its text (``fed_algorithm: 5`` is ``"5"``, as ``--fed_algorithm 5``), and
    one that is not of that type raises ``ValueError("<field>: ...")``; an unknown key is refused;
 3. with ``--smoke``, the recipe's smoke list (tiny data, model and rounds);
 4. the recipe's own defaults (its paper's set-up);
@@ -28,6 +29,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..field_checks import ConfigError  # (declared beside the field checks, which raise it)
+
 __all__ = ["CONFIG_SUFFIXES", "ConfigError", "TRAIN_DESCRIPTION", "build_parser", "explicit_fields", "parse_arguments",
            "parse_train_args", "parse_train_arguments", "read_config_file", "split_config", "train_argument_types",
            "wants_smoke", "warn_about_token_flag"]
@@ -48,29 +51,40 @@ HYPERPARAMETER_GROUP = "algorithm hyperparameters (each piece's; unset: the pres
 INHERITED_GROUP = "inherited Trainer options (transformers.TrainingArguments, for each client's local Trainer)"
 
 
-class ConfigError(ValueError):
-    """A flag's or config file's value is refused (the message names the field); raised before any data or model
-    loads."""
-
-
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The description (a recipe's docstring) as written, and every flag's default."""
 
 
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``field: value`` mapping of a YAML or JSON file."""
+    """The ``field: value`` mapping of a YAML or JSON file; a file that is missing, a folder, unreadable or not
+    valid YAML/JSON raises :class:`ConfigError` naming it (one line, with the line and column of a syntax error)."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigError(f"config: {path} is a folder; give a YAML or JSON file of field: value.")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"config: {path} does not exist.")
-    text = Path(path).read_text()
+        raise ConfigError(f"config: {path} does not exist.")
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"config: cannot read {path} ({error}).") from None
     if path.endswith(".json"):
-        values = json.loads(text)
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"config: {path} is not valid JSON (line {error.lineno}, column {error.colno}: "
+                              f"{error.msg}).") from None
     else:
         import yaml
 
-        values = yaml.safe_load(text) or {}
+        try:
+            values = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            problem = getattr(error, "problem", None) or " ".join(str(error).split())
+            raise ConfigError(f"config: {path} is not valid YAML ({where}{problem}).") from None
     if not isinstance(values, dict):
-        raise ValueError(f"config: {path} must hold a mapping of field: value, got {type(values).__name__}.")
+        raise ConfigError(f"config: {path} must hold a mapping of field: value, got {type(values).__name__}.")
     return values
 
 
@@ -234,6 +248,8 @@ def _config_values(parser: argparse.ArgumentParser, values: dict[str, Any], path
         if action is None:
             continue
         kind = action.type
+        if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # `fed_algorithm: 5`, `held_out_domain: 3`: the text a flag would give
         if isinstance(value, str) and kind not in (None, str):
             try:
                 value = kind(value) if kind is not int else _to_int(value)
@@ -300,19 +316,31 @@ def parse_arguments(
     smoke: Sequence[str] = (),
     prog: str | None = None,
     description: str | None = None,
+    warn_token: bool = True,
 ) -> tuple:
     """One instance per type of ``dataclass_types``, from ``argv`` over the config file over the recipe's
     ``smoke`` list (with ``--smoke``) over its ``defaults`` (both lists of flags); see the module docstring.
+    When one of the types has a ``hub_token`` field, a token given as a flag or in the config file is warned about
+    (:func:`warn_about_token_flag`; ``warn_token=False``: not, for runs started by another command, a sweep's).
 
     >>> data_args, model_args, lora_args, args = parse_arguments(
     ...     (DataArguments, ModelArguments, LoraArguments, FedTrainingArguments), ["--config", "run.yaml"])
     """
+    dataclass_types = list(dataclass_types)
     try:
-        return _parse(list(dataclass_types), argv, defaults, smoke, prog, description)
+        parsed = _parse(dataclass_types, argv, defaults, smoke, prog, description)
     except ConfigError:
         raise
     except ValueError as error:  # every field check names its field: one error type for every entry point
         raise ConfigError(str(error)) from error
+    given = explicit_fields(argv)
+    for values in parsed:  # the hyperparameters the user gave: a recipe's defaults and --smoke list are not
+        if callable(getattr(values, "restrict_explicit_fields", None)):
+            values.restrict_explicit_fields(given)
+    if warn_token and any("hub_token" in {f.name for f in dataclasses.fields(t)} for t in dataclass_types):
+        config_path, rest = split_config(argv)
+        warn_about_token_flag(rest, read_config_file(config_path) if config_path else {}, config_path)
+    return parsed
 
 
 def _parse(dataclass_types, argv, defaults, smoke, prog, description) -> tuple:
@@ -344,6 +372,7 @@ def train_argument_types() -> tuple[type, ...]:
 def parse_train_arguments(argv: Sequence[str], **kwargs) -> tuple:
     """``(data_args, model_args, lora_args, training_args)`` as ``hf-fedflat train`` parses them (without its
     hub-token warning): for code that runs members of a run, such as a sweep, without importing the CLI."""
+    kwargs.setdefault("warn_token", False)
     return parse_arguments(train_argument_types(), argv, **kwargs)
 
 
@@ -358,11 +387,12 @@ Flags win over the --config file. The federated fields come first below; the inh
 def parse_train_args(argv: Sequence[str], *, defaults: Sequence[str] = (), smoke: Sequence[str] = (),
                      prog: str = "hf-fedflat train", description: str | None = TRAIN_DESCRIPTION):
     """``(data_args, model_args, lora_args, training_args)`` from flags, an optional ``--config`` file and a
-    recipe's ``defaults`` / ``smoke`` flags, through :func:`parse_arguments`; warns about a ``--hub_token`` given."""
+    recipe's ``defaults`` / ``smoke`` flags, through :func:`parse_arguments` (which warns about a ``--hub_token``
+    given). Settings that contradict the algorithm are refused here, before any data loads, and hyperparameters given
+    that no piece of it reads are warned about (``FedTrainingArguments.check_algorithm_settings``)."""
     data_args, model_args, lora_args, training_args = parse_arguments(
         train_argument_types(), argv, defaults=defaults, smoke=smoke, prog=prog, description=description)
-    config_path, rest = split_config(argv)
-    warn_about_token_flag(rest, read_config_file(config_path) if config_path else {}, config_path)
+    training_args.check_algorithm_settings()
     return data_args, model_args, lora_args, training_args
 
 

@@ -69,7 +69,7 @@ def run_recipe(argv: Sequence[str] | None, defaults: Sequence[str], smoke: Seque
     experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
     if group.is_main:
         last = next((r for r in reversed(output.history) if "eval_accuracy" in r), {})
-        print(f"\n{args.fed_algorithm} on {experiment.data.name}: {len(output.history)} rounds, "
+        print(f"\n{experiment.args.algorithm_label} on {experiment.data.name}: {len(output.history)} rounds, "
               f"final eval accuracy {last.get('eval_accuracy', float('nan')):.4f}; model and card in "
               f"{output.final_model_dir}")
     return experiment, output

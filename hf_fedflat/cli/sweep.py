@@ -125,6 +125,19 @@ def _grid(value, what: str, path) -> dict[str, list]:
     return grid
 
 
+def _changed_parts(fed_algorithm, fields: Mapping[str, Any]) -> list[str]:
+    """The parts (perturbation, corrections, aggregator) ``fields`` give that differ from the preset's; [] for a name
+    that is no preset (refused when the members are checked)."""
+    from ..algorithms.conflicts import algorithm_label
+
+    parts = [k for k in ("perturbation", "corrections", "aggregator") if fields.get(k) is not None]
+    try:
+        label = algorithm_label(fed_algorithm, *(fields.get(k) for k in ("perturbation", "corrections", "aggregator")))
+    except ValueError:
+        return []
+    return [k for k in parts if f"{k}=" in label]
+
+
 def _label(value) -> str:
     text = f"{value:g}" if isinstance(value, float) else str(value)
     return re.sub(r"[^A-Za-z0-9.\-]+", "-", text).strip("-")
@@ -209,6 +222,8 @@ def expand_members(values: Mapping[str, Any], *, path: str | None = None, smoke:
         # an unnamed entry with fixed fields is labelled by them too: {fed_algorithm: fedavg, server_learning_rate:
         # 0.5} is the row "fedavg-server_learning_rate0.5", distinct from a plain fedavg entry
         fixed_fields = {k: v for k, v in entry.items() if k not in ("fed_algorithm", "name")}
+        # so are the parts base: gives in place of the preset's (what ran is not the preset the row would name)
+        fixed_fields.update({k: base[k] for k in _changed_parts(entry["fed_algorithm"], base) if k not in entry})
         algorithm_name = str(entry.pop("name", None) or "-".join(
             [str(entry["fed_algorithm"])] + [f"{k}{_label(v)}" for k, v in fixed_fields.items()]))
         keys = list(entry_grid)
@@ -293,7 +308,7 @@ def validate_members(config: SweepConfig) -> None:
         member_path = member_config_path(config, member)
         atomic_write_json(member.fields, member_path)
         try:
-            parse_train_arguments(["--config", member_path])
+            parse_train_arguments(["--config", member_path])[3].check_algorithm_settings()
         except SystemExit as exit_:  # argparse's refusal of a value
             raise ValueError(f"sweep member {member.name}: its arguments were refused (see the message above; "
                              f"{member_path}).") from exit_

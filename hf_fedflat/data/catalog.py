@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..field_checks import ConfigError
 from ..models.arguments import ModelArguments
 from .arguments import DataArguments
 
@@ -115,7 +116,7 @@ def load_data(data_args: DataArguments, model_args: ModelArguments, seed: int) -
     loader = DATASETS.get(data_args.dataset_name)
     if loader is None:
         if model_args.model_name_or_path is None:
-            raise ValueError(
+            raise ConfigError(
                 f"dataset_name: {data_args.dataset_name!r} is not a registered dataset (available: "
                 f"{', '.join(list_datasets())}; add one with hf_fedflat.data.catalog.register_dataset). A Hub id or a "
                 "local path (save_to_disk folder, csv/json/jsonl/parquet) is loaded for a transformers model: pass "
@@ -125,7 +126,7 @@ def load_data(data_args: DataArguments, model_args: ModelArguments, seed: int) -
 
         return FederatedData(**load_hf_dataset(data_args, model_args, seed))
     if data_args.partition_by and data_args.dataset_name not in CLIENT_COLUMN_DATASETS:
-        raise ValueError(f"partition_by: applies to Hub/local datasets (--dataset_name <hub id or path>); "
+        raise ConfigError(f"partition_by: applies to Hub/local datasets (--dataset_name <hub id or path>); "
                          f"{data_args.dataset_name!r} is split by the partition arguments or by its own clients.")
     return loader(data_args, model_args, seed)
 
@@ -139,7 +140,7 @@ def _client_column(data_args: DataArguments, data_dir: str | None) -> str:
     from .femnist import is_leaf_folder
 
     if data_args.partition_by and (is_leaf_folder(data_dir) or is_leaf_folder(data_args.dataset_path)):
-        raise ValueError(f"partition_by: a LEAF folder names its users itself (one client per user); "
+        raise ConfigError(f"partition_by: a LEAF folder names its users itself (one client per user); "
                          f"--partition_by applies to a Hub / save_to_disk copy of {data_args.dataset_name}.")
     return data_args.partition_by or CLIENT_COLUMN_DATASETS[data_args.dataset_name]
 
@@ -230,13 +231,13 @@ def _load_domains(data_args: DataArguments, model_args: ModelArguments, seed: in
     elif name == "officehome":
         source = source or OFFICE_HOME_HUB
     elif source is None and data_dir is None:
-        raise ValueError(
+        raise ConfigError(
             "data_dir: DomainNet has no canonical Hub copy; pass --data_dir with the original layout "
             "<domain>/<class>/<image> (clipart, infograph, painting, quickdraw, real, sketch), or --dataset_path "
             "with a Hub copy and its --image_column/--label_column/--domain_column."
         )
     if data_args.held_out_domain is None:
-        raise ValueError(f"held_out_domain: {name} is evaluated leave-one-domain-out; name the test domain, "
+        raise ConfigError(f"held_out_domain: {name} is evaluated leave-one-domain-out; name the test domain, "
                          "e.g. --held_out_domain Art (officehome) or --held_out_domain sketch (domainnet).")
     dataset = load_domain_dataset(source or data_dir, data_dir=data_dir, image_column=data_args.image_column or "image",
                                   domain_column=data_args.domain_column, label_column=data_args.label_column or "label",
@@ -290,7 +291,7 @@ def _load_synthetic(data_args: DataArguments, model_args: ModelArguments, seed: 
     from .synthetic import load_synthetic, synthetic_transform, write_synthetic_leaf
 
     if model_args.image_size != 1:
-        raise ValueError(f"image_size: synthetic's samples are vectors of features, fed as pixel_values [dim, 1, 1]; "
+        raise ConfigError(f"image_size: synthetic's samples are vectors of features, fed as pixel_values [dim, 1, 1]; "
                          f"pass --image_size 1 (with --model_name logistic, FedProx's model), got "
                          f"{model_args.image_size}.")
     data_dir = data_args.data_dir

@@ -44,6 +44,7 @@ from typing import Any
 
 import datasets
 
+from ..field_checks import ConfigError
 from ..models.arguments import ModelArguments
 from .arguments import DataArguments
 
@@ -52,6 +53,7 @@ __all__ = [
     "ALPACA_TEMPLATE_NO_INPUT",
     "FILE_BUILDERS",
     "build_instruction_features",
+    "check_label_values",
     "encode_labels",
     "load_hf_dataset",
     "load_raw_dataset",
@@ -104,7 +106,7 @@ def _data_files(folder: str) -> tuple[str, dict[str, list[str]]] | None:
     if not files:
         return None
     if len(builders) > 1:
-        raise ValueError(f"dataset_name: {folder!r} mixes data file types ({', '.join(sorted(builders))}); keep one.")
+        raise ConfigError(f"dataset_name: {folder!r} mixes data file types ({', '.join(sorted(builders))}); keep one.")
     return builders.pop(), files
 
 
@@ -112,7 +114,8 @@ def load_raw_dataset(name_or_path: str, config_name: str | None = None) -> datas
     """The dataset as a ``DatasetDict`` (a single ``Dataset`` becomes its ``train`` split); see the module doc.
 
     Raises:
-        ValueError / OSError: Nothing loadable there; the message says what was tried.
+        ConfigError / DatasetUnavailableError (an ``OSError``): Nothing loadable there; the message says what was
+            tried.
     """
     path = os.path.expanduser(name_or_path)
     if os.path.isdir(path) and _is_saved_dataset(path):
@@ -120,7 +123,7 @@ def load_raw_dataset(name_or_path: str, config_name: str | None = None) -> datas
     elif os.path.isfile(path):
         suffix = os.path.splitext(path)[1].lower()
         if suffix not in FILE_BUILDERS:
-            raise ValueError(f"dataset_name: {path!r} is a {suffix or 'suffix-less'} file; use one of "
+            raise ConfigError(f"dataset_name: {path!r} is a {suffix or 'suffix-less'} file; use one of "
                              f"{', '.join(sorted(FILE_BUILDERS))}, a save_to_disk folder or a Hub id.")
         loaded = datasets.load_dataset(FILE_BUILDERS[suffix], data_files={"train": path},
                                        **({"delimiter": "\t"} if suffix == ".tsv" else {}))
@@ -135,8 +138,10 @@ def load_raw_dataset(name_or_path: str, config_name: str | None = None) -> datas
         try:
             loaded = datasets.load_dataset(name_or_path, config_name)
         except Exception as error:  # DatasetNotFoundError, ConnectionError, FileNotFoundError, ...
+            from .images import DatasetUnavailableError  # (an OSError; the command line reports it in one line)
+
             where = "local folder" if os.path.isdir(path) else "Hub dataset"
-            raise OSError(
+            raise DatasetUnavailableError(
                 f"dataset_name: cannot load the {where} {name_or_path!r} ({type(error).__name__}: {error}). Give a "
                 "registered name (hf-fedflat list), a Hub id reachable from here, a save_to_disk folder, or csv/json/"
                 "jsonl/parquet files (a file, or a folder with train.<ext> and test.<ext>)."
@@ -144,7 +149,7 @@ def load_raw_dataset(name_or_path: str, config_name: str | None = None) -> datas
     if isinstance(loaded, datasets.Dataset):
         loaded = datasets.DatasetDict({"train": loaded})
     if not isinstance(loaded, datasets.DatasetDict):
-        raise ValueError(f"dataset_name: {name_or_path!r} loaded as {type(loaded).__name__}, not a Dataset(Dict).")
+        raise ConfigError(f"dataset_name: {name_or_path!r} loaded as {type(loaded).__name__}, not a Dataset(Dict).")
     return loaded
 
 
@@ -158,12 +163,12 @@ def split_train_eval(
         if len(splits) == 1 and train_split == "train":
             train_split = splits[0]
         else:
-            raise ValueError(f"train_split: no split {train_split!r} in the dataset (splits: {', '.join(splits)}).")
+            raise ConfigError(f"train_split: no split {train_split!r} in the dataset (splits: {', '.join(splits)}).")
     if eval_split is not None:
         if eval_split not in data:
-            raise ValueError(f"eval_split: no split {eval_split!r} in the dataset (splits: {', '.join(splits)}).")
+            raise ConfigError(f"eval_split: no split {eval_split!r} in the dataset (splits: {', '.join(splits)}).")
         if eval_split == train_split:
-            raise ValueError(f"eval_split: {eval_split!r} is also the training split; name another split, or leave "
+            raise ConfigError(f"eval_split: {eval_split!r} is also the training split; name another split, or leave "
                              "eval_split unset to hold out --test_fraction of the training rows.")
         return data[train_split], data[eval_split], f"split {eval_split!r}"
     for name in _EVAL_SPLITS:
@@ -183,6 +188,63 @@ def split_train_eval(
 # -------------------------------------------------------------------------------------------------
 # labels
 # -------------------------------------------------------------------------------------------------
+def check_label_values(splits: dict[str, datasets.Dataset], column: str, source: str, *,
+                       drop_missing: bool = False) -> dict[str, datasets.Dataset]:
+    """The splits with labels a classifier can take, before they are encoded (:func:`encode_labels`).
+
+    Refused with an :class:`~hf_fedflat.data.input_checks.InvalidInputError` naming the column and ``source`` (the
+    file or dataset), in one line:
+
+    * rows without a label (null, or NaN: a CSV's empty cell) -- with ``drop_missing`` (``--drop_invalid_rows``)
+      those rows are dropped instead, and their count logged;
+    * text labels that mix class ids with class names (``0``, ``1``, ``negative``, ``positive``): encoded as they are
+      they would be four classes, ``0`` and ``negative`` apart.
+
+    A float column whose values are all whole numbers (what a CSV with an empty label cell reads as) becomes
+    integer class ids.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .input_checks import InvalidInputError
+
+    out: dict[str, datasets.Dataset] = {}
+    for name, split in splits.items():
+        values = split.select_columns([column]).with_format("arrow")[:].column(column)
+        missing = values.is_null()
+        if pa.types.is_floating(values.type):
+            missing = pc.or_(missing, pc.fill_null(pc.is_nan(values), False))
+        rows = np.flatnonzero(np.asarray(missing.to_numpy(zero_copy_only=False), dtype=bool))
+        if rows.size and not drop_missing:
+            shown = ", ".join(map(str, rows[:5].tolist())) + (" ..." if rows.size > 5 else "")
+            raise InvalidInputError(
+                f"label_column: {column!r} of {source} has {rows.size} of {len(split)} rows of its {name!r} split "
+                f"without a label (an empty cell, null or NaN; rows {shown}, counted from 0); fill them in, or drop "
+                "those rows with --drop_invalid_rows.")
+        if rows.size:
+            logger.warning("drop_invalid_rows: dropped %d of the %d %s rows of %s without a label in %r.", rows.size,
+                           len(split), name, source, column)
+            split = split.select(np.setdiff1d(np.arange(len(split)), rows))
+        dtype = getattr(split.features[column], "dtype", None)
+        if dtype in ("float16", "float32", "float64") and len(split):
+            numbers = np.asarray(split.select_columns([column]).with_format("numpy")[:][column], dtype=np.float64)
+            if np.all(numbers == np.round(numbers)):
+                split = split.cast_column(column, datasets.Value("int64"))
+        out[name] = split
+    dtype = getattr(next(iter(out.values())).features[column], "dtype", None)
+    if dtype in ("string", "large_string"):
+        found = sorted({str(v) for split in out.values() for v in split.unique(column) if v is not None})
+        ids = [v for v in found if v.strip().lstrip("+-").isdigit()]
+        if ids and len(ids) < len(found):
+            shown = ", ".join(found[:12]) + (" ..." if len(found) > 12 else "")
+            raise InvalidInputError(
+                f"label_column: {column!r} of {source} mixes class ids and class names ({shown}): as they are they "
+                f"would be {len(found)} classes, {ids[0]!r} and {next(v for v in found if v not in ids)!r} apart; "
+                "write every label one way (all names, or all ids).")
+    return out
+
+
 def encode_labels(splits: dict[str, datasets.Dataset], column: str) -> tuple[dict[str, datasets.Dataset], list[str] | None]:
     """Every split's ``column`` as class ids, and the class names (index = id) when the data has them.
 
@@ -196,7 +258,7 @@ def encode_labels(splits: dict[str, datasets.Dataset], column: str) -> tuple[dic
         for name, split in splits.items():
             other = split.features[column]
             if not isinstance(other, datasets.ClassLabel) or list(other.names) != list(feature.names):
-                raise ValueError(f"label_column: the {name!r} split's {column!r} classes differ from the others'.")
+                raise ConfigError(f"label_column: the {name!r} split's {column!r} classes differ from the others'.")
         return splits, list(feature.names)
     dtype = getattr(feature, "dtype", None)
     if dtype in ("string", "large_string", "bool"):
@@ -213,7 +275,7 @@ def encode_labels(splits: dict[str, datasets.Dataset], column: str) -> tuple[dic
         return out, values
     if dtype is not None and dtype.startswith(("int", "uint")):
         return splits, None
-    raise ValueError(f"label_column: {column!r} holds {feature} values; a classifier needs class ids or names "
+    raise ConfigError(f"label_column: {column!r} holds {feature} values; a classifier needs class ids or names "
                      "(ClassLabel, integers or strings).")
 
 
@@ -224,16 +286,16 @@ def _text_columns(dataset: datasets.Dataset, text_column: str | None) -> list[st
     if text_column:
         columns = [c.strip() for c in text_column.split(",") if c.strip()]
         if not 1 <= len(columns) <= 2:
-            raise ValueError(f"text_column: one column, or two separated by a comma (a pair), got {text_column!r}.")
+            raise ConfigError(f"text_column: one column, or two separated by a comma (a pair), got {text_column!r}.")
         missing = [c for c in columns if c not in dataset.column_names]
         if missing:
-            raise ValueError(f"text_column: {', '.join(map(repr, missing))} not a column of the dataset "
+            raise ConfigError(f"text_column: {', '.join(map(repr, missing))} not a column of the dataset "
                              f"(columns: {', '.join(dataset.column_names)}).")
         return columns
     for name in _TEXT_COLUMNS:
         if name in dataset.column_names:
             return [name]
-    raise ValueError(f"text_column: none of {', '.join(_TEXT_COLUMNS)} is a column of the dataset "
+    raise ConfigError(f"text_column: none of {', '.join(_TEXT_COLUMNS)} is a column of the dataset "
                      f"(columns: {', '.join(dataset.column_names)}); pass --text_column.")
 
 
@@ -273,7 +335,7 @@ def _render(template: str, row: dict[str, Any]) -> str:
     try:
         return template.format(**{k: "" if v is None else v for k, v in row.items()})
     except KeyError as error:
-        raise ValueError(f"prompt_template: {{{error.args[0]}}} is not a column of the dataset "
+        raise ConfigError(f"prompt_template: {{{error.args[0]}}} is not a column of the dataset "
                          f"(columns: {', '.join(row)}).") from None
 
 
@@ -290,7 +352,7 @@ def tokenize_instructions(dataset: datasets.Dataset, tokenizer, *, max_seq_lengt
     """
     for name in (instruction_column, response_column):
         if name not in dataset.column_names:
-            raise ValueError(f"{'instruction' if name == instruction_column else 'response'}_column: {name!r} is not a "
+            raise ConfigError(f"{'instruction' if name == instruction_column else 'response'}_column: {name!r} is not a "
                              f"column of the dataset (columns: {', '.join(dataset.column_names)}).")
     has_input = bool(input_column) and input_column in dataset.column_names
     eos_id = tokenizer.eos_token_id
@@ -359,7 +421,7 @@ def _data_task(model_args: ModelArguments, dataset: datasets.Dataset, data_args:
 
     guess = "causal-lm" if _looks_like_instructions(dataset, data_args) else "text-classification"
     if model_args.model_name_or_path is None:
-        raise ValueError(
+        raise ConfigError(
             f"model_name_or_path: --dataset_name {data_args.dataset_name!r} is not a registered dataset, so it is "
             "tokenized for a transformers model; pass --model_name_or_path (a Hub id or a local folder with its "
             "tokenizer), or use a registered dataset (hf-fedflat list)."
@@ -381,7 +443,7 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
     raw = load_raw_dataset(data_args.dataset_name, data_args.dataset_config_name)
     task = _data_task(model_args, raw[next(iter(raw))], data_args)
     if task not in ("text-classification", "causal-lm"):
-        raise ValueError(f"task: --dataset_name {data_args.dataset_name!r} is tokenized for text-classification or "
+        raise ConfigError(f"task: --dataset_name {data_args.dataset_name!r} is tokenized for text-classification or "
                          f"causal-lm; {task!r} data needs a registered loader (hf_fedflat.data.catalog).")
     if processing_class is None:
         from ..models.auto import load_processing_class
@@ -390,6 +452,9 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
     tokenizer = processing_class
     label_column = data_args.label_column or "label"
     stratify = label_column if task == "text-classification" else None
+    if stratify and all(label_column in split.column_names for split in raw.values()):  # rows as in the files
+        raw = datasets.DatasetDict(check_label_values(dict(raw), label_column, data_args.dataset_name,
+                                                      drop_missing=data_args.drop_invalid_rows))
     train, test, source = split_train_eval(raw, train_split=data_args.train_split, eval_split=data_args.eval_split,
                                            test_fraction=data_args.test_fraction, seed=seed, stratify_column=stratify)
     if data_args.max_train_samples is not None and len(train) > data_args.max_train_samples:
@@ -398,13 +463,13 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
         test = test.shuffle(seed=seed).select(range(data_args.max_eval_samples))
     keep = [data_args.partition_by] if data_args.partition_by else []
     if data_args.partition_by and data_args.partition_by not in train.column_names:
-        raise ValueError(f"partition_by: {data_args.partition_by!r} is not a column of the dataset "
+        raise ConfigError(f"partition_by: {data_args.partition_by!r} is not a column of the dataset "
                          f"(columns: {', '.join(train.column_names)}).")
     max_len = data_args.max_seq_length
     label_names = None
     if task == "text-classification":
         if label_column not in train.column_names:
-            raise ValueError(f"label_column: {label_column!r} is not a column of the dataset (columns: "
+            raise ConfigError(f"label_column: {label_column!r} is not a column of the dataset (columns: "
                              f"{', '.join(train.column_names)}); pass --label_column.")
         encoded, label_names = encode_labels({"train": train, "eval": test}, label_column)
         train, test = encoded["train"], encoded["eval"]
@@ -445,7 +510,7 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
 
         metrics = {"compute_metrics": causal_lm_metrics, "preprocess_logits_for_metrics": token_statistics}
     if not len(train):
-        raise ValueError(f"dataset_name: no training rows left in {data_args.dataset_name!r} after tokenization.")
+        raise ConfigError(f"dataset_name: no training rows left in {data_args.dataset_name!r} after tokenization.")
     partition = None
     if data_args.partition_by:
         partition = natural_id_partition(train, data_args.partition_by, label_column="labels")

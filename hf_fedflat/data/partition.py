@@ -52,6 +52,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from ..field_checks import fail
 from ..runtime.datasets import select_rows  # (re-exported: hf_fedflat.data.select_rows)
 
 __all__ = [
@@ -341,12 +342,14 @@ def _natural_id_indices(ids: list[str]) -> list[np.ndarray]:
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None, fix: str) -> int:
+    """``value`` as an int in ``[low, high]``; else a ``ConfigError`` (a ``ValueError``) that starts with ``name``, the
+    flag's name: the bounds come from the data (its rows, its classes), so the command line reports the setting."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an int, got {value!r}")
+        fail(name, f"must be an int, got {value!r}.")
     value = int(value)
     if value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name}={value} must be {bounds}; {fix}")
+        fail(name, f"{value} must be {bounds}; {fix}.")
     return value
 
 
@@ -412,17 +415,16 @@ def partition_dataset(
         raise ValueError("dataset is empty: nothing to partition")
     num_clients = _check_int(
         "num_clients", num_clients, 1, n,
-        f"use between 1 and the number of rows ({n}) clients",
+        f"the training data has {n} rows, and every client needs one: use at most {n} clients",
     )
     min_partition_size = _check_int(
         "min_partition_size", min_partition_size, 0, None, "use 0 for no minimum"
     )
     if num_clients * min_partition_size > n:
-        raise ValueError(
-            f"min_partition_size={min_partition_size} is impossible with "
-            f"num_clients={num_clients} and {n} rows (needs {num_clients * min_partition_size}); "
-            f"lower min_partition_size to at most {n // num_clients} or use fewer clients"
-        )
+        fail("min_partition_size",
+             f"{min_partition_size} is impossible with num_clients={num_clients} and {n} rows (needs "
+             f"{num_clients * min_partition_size}); lower min_partition_size to at most {n // num_clients} or use "
+             "fewer clients.")
     uses_alpha = scheme in ("dirichlet", "inner_dirichlet")
     if uses_alpha:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):

@@ -118,7 +118,14 @@ def _algorithm_description(args: Any, algorithm: Mapping[str, Any] | None) -> di
     """Name, parts, one-line description and paper: from ``algorithm`` (``FederatedAlgorithm.describe()``),
     completed from the preset registry when the preset is known in this install."""
     info: dict[str, Any] = dict(algorithm or {})
-    info.setdefault("name", _get(args, "fed_algorithm"))
+    if "name" not in info:  # what ran: the preset, with the parts given in its place (``dfedsam (perturbation=gam)``)
+        try:
+            from ..algorithms.conflicts import algorithm_label
+
+            info["name"] = algorithm_label(_get(args, "fed_algorithm"), _get(args, "perturbation"),
+                                           _get(args, "corrections"), _get(args, "aggregator"))
+        except (ValueError, KeyError, TypeError):
+            info["name"] = _get(args, "fed_algorithm")
     if not all(k in info for k in ("perturbation", "corrections", "aggregator")):
         try:
             from ..algorithms import resolve_parts
@@ -134,7 +141,7 @@ def _algorithm_description(args: Any, algorithm: Mapping[str, Any] | None) -> di
     try:
         from ..algorithms import get_preset
 
-        spec = get_preset(info["name"])
+        spec = get_preset(info["name"])  # (a name with parts given in place of the preset's is no preset: none)
         info.setdefault("description", spec.description)
         info.setdefault("paper", spec.paper)
     except (ValueError, KeyError, TypeError):
@@ -540,11 +547,12 @@ def build_model_card(
     partition = _partition_object(partition)
     final = _final_metrics(records)
     algorithm_name = str(info.get("name") or "federated")
+    preset_name = str(_get(args, "fed_algorithm") or algorithm_name)  # names and tags hold no spaces: the preset's
     architecture = (model_config or {}).get("architecture") or ((model_config or {}).get("architectures") or [None])[0]
     name = model_name or (repo_id.split("/")[-1] if repo_id else
-                          "-".join(str(p) for p in (dataset_name, architecture, algorithm_name) if p))
+                          "-".join(str(p) for p in (dataset_name, architecture, preset_name) if p))
 
-    all_tags = ["federated-learning", "hf-fedflat", algorithm_name]
+    all_tags = ["federated-learning", "hf-fedflat", preset_name]
     for part in _part_names(info):
         if part not in ("none", "mean") and part not in all_tags:
             all_tags.append(part)

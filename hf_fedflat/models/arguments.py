@@ -73,6 +73,11 @@ class ModelArguments:
             raise ValueError(f"model_dtype: must be one of float32, bfloat16, float16, auto; got {self.model_dtype!r}.")
         if isinstance(self.model_name_or_path, str) and not self.model_name_or_path.strip():
             raise ValueError("model_name_or_path: empty; give a Hub id or a local folder, or leave it unset.")
+        if self.model_name_or_path is None:  # an unknown name: refused now, before any data loads
+            from .factory import available_models
+            from .backbones import check_model_name
+
+            check_model_name(self.model_name, known=available_models())
 
     @property
     def model_kwargs_dict(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import timm
 import torch
 from torch import nn
 
+from ..field_checks import fail
 from .norms import batchnorm_modules
 from .small_cnn import SmallCNN
 
@@ -320,24 +321,25 @@ CUSTOM_MODELS: dict[str, Callable[..., nn.Module]] = {
 # public helpers
 # --------------------------------------------------------------------------------------------
 def check_model_name(name: str, known: tuple[str, ...] | list[str] = CUSTOM_MODELS) -> None:
-    """Raise a helpful ``ValueError`` unless ``name`` is in ``known`` or a timm model name.
+    """Raise a helpful ``ConfigError`` (a ``ValueError`` starting with ``model_name:``, the flag) unless ``name`` is
+    in ``known`` or a timm model name.
 
     Args:
         name: Candidate name; timm names may carry a pretrained tag (``"resnet18.a1_in1k"``).
         known: The non-timm names accepted (the factory adds its text models).
 
     Raises:
-        ValueError: Listing the known names and the closest known or timm names.
+        ConfigError: Listing the known names and the closest known or timm names.
     """
+    if not isinstance(name, str) or not name:
+        fail("model_name", f"must be a model's name, got {name!r}.")
     if name in known or timm.is_model(name):
         return
     candidates = [*known, *(n for n in timm.list_models() if n not in known)]
     close = difflib.get_close_matches(name, candidates, n=5, cutoff=0.6)
     hint = f" Closest matches: {', '.join(close)}." if close else ""
-    raise ValueError(
-        f"Unknown model name {name!r}. Available: {', '.join(known)}, or any timm model name "
-        f"(see hf_fedflat.models.available_models(include_timm=True) or timm.list_models()).{hint}"
-    )
+    fail("model_name", f"unknown model {name!r}. Available: {', '.join(known)}, or any timm model name "
+         f"(see hf_fedflat.models.available_models(include_timm=True) or timm.list_models()).{hint}")
 
 
 def build_backbone(
