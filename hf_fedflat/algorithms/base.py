@@ -196,7 +196,15 @@ class Piece:
 
 
 class ClientPiece(Piece):
-    """Base of perturbations and corrections: optional client state and an optional server half."""
+    """Base of perturbations and corrections: optional client state and an optional server half.
+
+    ``client_state_keys``: the keys of the client state its ``end`` returns, each a flat vector like the
+    parameters (a resume checks a checkpoint's client states against them, and the run checks every new state).
+    ``None``: a piece that keeps no client state (its ``end`` is this one), or one whose keys are checked only
+    against each other across clients.
+    """
+
+    client_state_keys: ClassVar[tuple[str, ...] | None] = None
 
     def begin(self, ctx: ClientContext) -> Any:
         """Called once per client per round before local training; returns this piece's workspace."""

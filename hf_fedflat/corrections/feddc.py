@@ -35,6 +35,7 @@ class FedDCDrift(Correction):
     """
 
     name = "feddc"
+    client_state_keys = ("h",)  # its per-client state (see ClientPiece)
     assumes_plain_sgd = True
     plain_sgd_policy = "warn"
     plain_sgd_reason = "the server adds h_i = sum of w_i - w^t, which assumes the plain-SGD local trajectory of the paper"

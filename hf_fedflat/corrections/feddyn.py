@@ -31,6 +31,7 @@ class FedDynCorrection(Correction):
     """
 
     name = "feddyn"
+    client_state_keys = ("h",)  # its per-client state (see ClientPiece)
     #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
     assumes_plain_sgd = True
     plain_sgd_policy = "warn"

@@ -34,6 +34,7 @@ class FedSpeedCorrection(Correction):
     """
 
     name = "fedspeed"
+    client_state_keys = ("g_hat",)  # its per-client state (see ClientPiece)
     assumes_plain_sgd = True
     plain_sgd_policy = "warn"
     plain_sgd_reason = "g_hat_i -= (w_i - w^t)/lambda is the prox-correction of the paper's plain-SGD local steps"

@@ -47,6 +47,7 @@ class MoonLoss(LossTerm):
     """
 
     name = "moon"
+    client_state_keys = ("w_prev",)  # its per-client state (see ClientPiece)
     config_class = MoonConfig
 
     def begin(self, ctx: ClientContext) -> dict[str, Tensor | None]:

@@ -50,6 +50,7 @@ class ScaffoldCorrection(Correction):
     """
 
     name = "scaffold"
+    client_state_keys = ("c_i",)  # its per-client state (see ClientPiece)
     #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
     assumes_plain_sgd = True
     plain_sgd_policy = "error"

@@ -52,6 +52,10 @@ class LESAMPerturbation(FixedOffsetPerturbation, SharpnessAware):
     def per_client(self) -> bool:
         return self.config.lesam_direction == PER_CLIENT
 
+    @property
+    def client_state_keys(self) -> tuple[str, ...]:  # its per-client state (see ClientPiece)
+        return ("w_old",) if self.per_client else ()
+
     def begin(self, ctx: ClientContext) -> dict[str, Tensor | None]:
         if self.per_client:
             w_old = ctx.state.get(self.name, {}).get("w_old")

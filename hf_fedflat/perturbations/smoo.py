@@ -35,6 +35,7 @@ class SMOOPerturbation(Perturbation, SharpnessAware):
     """
 
     name = "smoo"
+    client_state_keys = ("mu",)  # its per-client state (see ClientPiece)
     passes_per_step = 2
     config_class = SMOOConfig
 
