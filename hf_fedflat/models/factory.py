@@ -181,10 +181,25 @@ def _create_text_model(
     return model
 
 
+def _verify_saved_folder(path: str) -> None:
+    """The completion marker of ``path`` (or of its parent, for the ``hf_fedflat/`` subfolder of a timm-layout
+    final model), when there is one: every file it lists present with its size and SHA-256."""
+    from ..io import COMPLETE_MARKER, verify_complete_dir
+
+    folders = [path]
+    if os.path.basename(os.path.normpath(path)) == FEDFLAT_SUBFOLDER:
+        folders.append(os.path.dirname(os.path.normpath(path)))
+    for folder in folders:
+        if os.path.isfile(os.path.join(folder, COMPLETE_MARKER)):
+            verify_complete_dir(folder)
+            return
+
+
 def load_model(
     path: str | os.PathLike,
     *,
     base_model: PreTrainedModel | None = None,
+    verify: bool = True,
     **kwargs: Any,
 ) -> PreTrainedModel:
     """Load a model saved with ``save_pretrained`` (or a Trainer checkpoint) from a local directory.
@@ -199,6 +214,10 @@ def load_model(
             in timm's layout (hf_fedflat's files in its ``hf_fedflat/`` subfolder).
         base_model: The model the adapter was trained on (same architecture and frozen weights, e.g.
             ``create_model(...)`` with the same pretrained weights); only for adapter directories.
+        verify: Check the folder against the completion marker hf_fedflat writes last into a saved folder
+            (``hf_fedflat_complete.json``: every file's size and SHA-256; for ``<final_model>/hf_fedflat`` the
+            marker of ``<final_model>``) when it has one; a folder without one (a plain ``save_pretrained``, a Hub
+            download) loads as it is.
         **kwargs: Passed to ``from_pretrained`` (e.g. ``dtype``).
 
     Returns:
@@ -209,10 +228,14 @@ def load_model(
         FileNotFoundError: If ``path`` is not a directory (no Hub look-up is attempted) or holds no
             ``config.json``.
         ValueError: For an adapter directory without ``base_model``, or an unknown ``model_type``.
+        hf_fedflat.io.IncompleteSaveError: A file missing, changed or truncated since the save (a flipped byte,
+            another run's weights copied in), naming the file.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path!r} is not a directory saved with save_pretrained")
+    if verify:
+        _verify_saved_folder(path)
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         if base_model is None:
             raise ValueError(
