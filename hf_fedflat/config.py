@@ -179,6 +179,13 @@ class FedTrainingArguments(TrainingArguments):
     save_every_n_rounds: int = field(
         default=0, metadata={"help": "Write a checkpoint every N rounds under <output_dir>/checkpoints (0: never)."}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start a new run in an output_dir that holds another run's files (checkpoints, final_model, "
+                          "history.json, run_status.json): they are deleted before the new run writes. Without it "
+                          "such a folder is refused unless resume_from_checkpoint continues that run (the Trainer's "
+                          "historical flag, kept with that meaning)."},
+    )
     # (the client-state store goes here: include_fields(ClientStateArguments))
 
     # --- faulty clients ------------------------------------------------------------------------------
@@ -196,6 +203,12 @@ class FedTrainingArguments(TrainingArguments):
         default=3,
         metadata={"help": "Abort when every sampled client raised for this many consecutive rounds (a bug, not bad "
                           "clients); 0 never aborts."},
+    )
+    divergence_factor: float | None = field(
+        default=1000.0,
+        metadata={"help": "Fail the run (exit status 3, no final_model/) when a round's train loss is NaN/Inf or above "
+                          "divergence_factor x max(1, the initial model's loss on 256 training rows); 0 or None: no "
+                          "check."},
     )
 
     # (clients trained at once go here: include_fields(ConcurrencyArguments))
@@ -328,6 +341,10 @@ class FedTrainingArguments(TrainingArguments):
         if self.round_deadline_seconds is not None:
             check_number("round_deadline_seconds", self.round_deadline_seconds, low=0.0, low_open=True)
         check_integer("max_consecutive_failed_rounds", self.max_consecutive_failed_rounds, low=0)
+        if self.divergence_factor is not None and self.divergence_factor != 0:
+            check_number("divergence_factor", self.divergence_factor, low=1.0)
+        if not isinstance(self.overwrite_output_dir, bool):
+            fail("overwrite_output_dir", f"must be true or false, got {self.overwrite_output_dir!r}.")
         check_choice("decentralized_participation", self.decentralized_participation, DECENTRALIZED_PARTICIPATION)
         check_number("lr_decay_per_round", self.lr_decay_per_round, low=0.0, high=1.0, low_open=True)
         check_number("local_epochs", self.local_epochs, low=0.0, low_open=True)

@@ -218,6 +218,24 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _owner_gone(suffix: str) -> bool:
+    """Whether the process whose pid starts ``suffix`` (``<pid>-<random>``, a temporary folder's name after its
+    prefix) is gone, or is this one (its earlier save is over: one save at a time); False when the name carries
+    no pid (a folder of another writer is never removed)."""
+    pid, dash, _ = suffix.partition("-")
+    if not (dash and pid.isdigit()):
+        return False
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
+
+
 def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *,
                      root: str | os.PathLike | None = None, durable: bool = True) -> Path:
     """Write a whole folder: ``fill(tmp)`` writes the files into a fresh temporary folder beside ``directory``;
@@ -225,9 +243,9 @@ def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *
     into place. An existing ``directory`` is moved aside first and deleted after.
 
     A failure or a kill inside ``fill`` (a full disk, an exception) leaves ``directory`` as it was and no
-    folder that looks complete (the temporary ``.<name>.tmp-*`` folder of a killed save is removed by the
-    next save). ``directory`` and the folders below ``root`` must not be symbolic links
-    (:func:`check_write_path`).
+    folder that looks complete (the temporary ``.<name>.tmp-<pid>-*`` folder of a killed save is removed by the
+    next save, once process ``<pid>`` is gone: a live writer's folder is never touched). ``directory`` and the
+    folders below ``root`` must not be symbolic links (:func:`check_write_path`).
 
     Returns:
         ``directory`` as an absolute ``Path``.
@@ -235,9 +253,12 @@ def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *
     directory = check_write_path(directory, root)
     parent = directory.parent
     parent.mkdir(parents=True, exist_ok=True)
-    for stale in (*parent.glob(f".{directory.name}.tmp-*"), *parent.glob(f".{directory.name}.old-*")):
-        _remove_tree(stale)  # left by a killed save
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=parent))
+    for kind in ("tmp", "old"):  # left by a killed save: removed by this one once their owner is gone
+        prefix = f".{directory.name}.{kind}-"
+        for stale in parent.glob(prefix + "*"):
+            if _owner_gone(stale.name[len(prefix):]):
+                _remove_tree(stale)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-{os.getpid()}-", dir=parent))
     try:
         fill(os.fspath(tmp))
         manifest = {"complete": True, "written_by": "hf_fedflat", "files": _manifest(tmp)}
@@ -252,7 +273,7 @@ def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *
         check_write_path(directory, root)  # (again: the save may have taken long)
         old = None
         if os.path.lexists(directory):
-            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-", dir=parent))
+            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-{os.getpid()}-", dir=parent))
             os.replace(directory, old / directory.name)
         try:
             os.replace(tmp, directory)

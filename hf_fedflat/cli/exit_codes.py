@@ -18,12 +18,13 @@ def input_error_types() -> tuple[type[Exception], ...]:
     from ..data.images import DatasetUnavailableError
     from ..data.input_checks import InvalidInputError
     from ..federation.checkpoint import CheckpointError
+    from ..federation.run_folder import RunFolderError
     from ..hub.push import HubAccessError
     from ..io import IncompleteSaveError, UnsafeWritePathError
     from .parsing import ConfigError
 
     return (ConfigError, CheckpointError, InvalidInputError, UnsafeWritePathError, IncompleteSaveError,
-            HubAccessError, DatasetUnavailableError)
+            HubAccessError, DatasetUnavailableError, RunFolderError)
 
 
 def report_input_error(prog: str, error: BaseException) -> int:

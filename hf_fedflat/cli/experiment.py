@@ -118,10 +118,25 @@ def build_experiment(
     :class:`~hf_fedflat.hub.HubPushCallback` is added (unless one is given) with the dataset's card details.
     """
     from ..federation.reporting import run_entries
-    from ..hub import HubPushCallback
     from ..io import refuse_symlinks_in
 
     refuse_symlinks_in(args.output_dir, run_entries(args))  # a planted link: refused before data or model load
+    from ..federation.run_folder import abandon_run_folder, claim_run_folder, release_run_folder
+
+    # the run's folder: locked, refused if it holds another run, run_status.json "running"; before any data loads
+    folder = claim_run_folder(args, args.resume_from_checkpoint)
+    try:
+        return _build(data_args, model_args, args, lora_args, callbacks)
+    except BaseException:
+        abandon_run_folder(folder)  # refused or failed before training: the folder's status as it was
+        release_run_folder(folder)
+        raise
+
+
+def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
+    from ..federation.fingerprint import experiment_fingerprint
+    from ..hub import HubPushCallback
+
     if data_args.smoke and data_args.smoke_dir is None:
         data_args.smoke_dir = os.path.join(args.output_dir, "smoke_data")
     data = load_data(data_args, model_args, data_args.effective_split_seed)  # the data seed, not the run's
@@ -161,6 +176,9 @@ def build_experiment(
                              label_column=data.label_column, callbacks=callbacks, lora_save=lora_save,
                              drop_invalid_rows=data_args.drop_invalid_rows, **extra)
     trainer.model_card_kwargs = card_kwargs
+    # a resume must match these too (its data, model and LoRA arguments): see hf_fedflat.federation.fingerprint
+    trainer.experiment_fingerprint, trainer.experiment_settings = experiment_fingerprint(data_args, model_args,
+                                                                                         lora_args)
     if data.mean and data.std:  # recorded in timm's pretrained_cfg of a timm-layout final model
         trainer.data_config = {"mean": tuple(data.mean), "std": tuple(data.std)}
     return Experiment(trainer=trainer, data=data, model=model, args=args, data_args=data_args, model_args=model_args,

@@ -355,6 +355,8 @@ def run_member(member_config: str) -> str:
         return state
     if state == "resumable":
         args.resume_from_checkpoint = "latest"
+    elif state == "new":  # what a start killed before its first checkpoint left (no model, no checkpoint) is replaced
+        args.overwrite_output_dir = True
     from ..io import atomic_write_json
 
     if not (Path(args.output_dir) / MEMBER_FIELDS_FILE).is_file():

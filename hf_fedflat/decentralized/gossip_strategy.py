@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..federation.client import ClientStart
+from ..federation.checkpoint import ClientStateTemplate
 from ..federation.strategy import NonFiniteServerStep, refuse_non_finite
 from ..sampling import derive_seed, sample_clients
 from ..federation.wire import client_states_payload, split_payload
@@ -63,6 +64,7 @@ class GossipStrategy:
         self.local_eval_clients = self._choose_local_eval_clients(local_eval_models)
         self._average: dict[str, torch.Tensor] | None = None
         self._staging: ClientStateStore | None = None
+        self.template = ClientStateTemplate()
 
     def _choose_local_eval_clients(self, count: int | None) -> list[int]:
         num_clients = self.args.num_clients
@@ -117,9 +119,17 @@ class GossipStrategy:
         return out
 
     # -- the Strategy protocol --------------------------------------------------------------------------
+    def client_state_template(self, initial) -> ClientStateTemplate:
+        """Every client holds its own model (``gossip/params``[, ``gossip/buffers``]) once a round has run; its
+        pieces' keys once it has trained (all of them, or none yet)."""
+        own = {f"{GOSSIP_KEY}/{key}": (tuple(value.shape), value.dtype) for key, value in initial.items()}
+        return ClientStateTemplate.from_pieces(self.algorithm.client_pieces, initial["params"], all_together=True,
+                                               always=own)
+
     def start(self, initial, restored) -> None:
         """The local models are in the store (restored with the client states); the checkpoint's global
         slot holds ``x_bar``, recomputed here."""
+        self.template = self.client_state_template(initial)
         self.initial = initial
         if restored is not None:
             self._average = self.average_model()[0]
@@ -191,6 +201,7 @@ class GossipStrategy:
         for client_id in range(self.args.num_clients):
             state = self.store.get(client_id)
             if client_id in trained:
+                self.template.check_live(client_id, trained[client_id].state)
                 state.update(trained[client_id].state)
             state[GOSSIP_KEY] = staging.get(client_id)[GOSSIP_KEY]
             self.store.put(client_id, state)

@@ -16,6 +16,7 @@ _EXPORTS = {
     ".loop": ("run_rounds",),
     ".outcome": ("FederatedTrainOutput", "TrainingFailedError"),
     ".reporting": ("PartitionFilesCallback", "RoundReporter"),
+    ".run_folder": ("RunFolderError",),
     "..sampling": ("derive_seed", "sample_clients"),
     ".strategy": ("ServerStrategy", "Strategy"),
     ".trainer": ("FederatedTrainer", "accuracy_metrics", "local_training_arguments"),
@@ -33,5 +34,6 @@ if TYPE_CHECKING:
     from .loop import run_rounds
     from .outcome import FederatedTrainOutput, TrainingFailedError
     from .reporting import PartitionFilesCallback, RoundReporter
+    from .run_folder import RunFolderError
     from .strategy import ServerStrategy, Strategy
     from .trainer import FederatedTrainer, accuracy_metrics, local_training_arguments

@@ -11,11 +11,17 @@ leaves the previous checkpoint intact. Only safetensors and JSON are read back: 
 Nothing read back is trusted. :func:`load_checkpoint` refuses (:class:`CorruptCheckpointError`, naming the
 file and the tensor or field) a missing manifest, a file missing from it or not listed in it, a size or
 hash that differs, a non-finite tensor, a ``round`` inconsistent with the history, the folder's name or
-the manifest. :meth:`RunCheckpoints.restore` then checks the checkpoint against the run: the fingerprint,
-every parameter's name, shape and dtype, the server state's keys, shapes and dtypes (those the run's pieces
-start with), the client ids, and the settings a resume changes only with ``allow_config_change``
-(:data:`GUARDED_SETTINGS`, ``num_rounds`` below the checkpoint's round). ``resume_from_checkpoint="latest"``
-skips a corrupt newest checkpoint (with a warning saying why) and takes the newest intact one.
+the manifest. :meth:`RunCheckpoints.restore` then checks the checkpoint against the run, whatever its manifest
+says: its run id (a checkpoint of another run is refused), the fingerprint (:mod:`.fingerprint`: the run's
+identity never changes; its settings, with :data:`GUARDED_SETTINGS` and ``num_rounds`` below the checkpoint's
+round, only with ``allow_config_change``), and every restored tensor against the run's own template: each
+parameter's name, shape and dtype, the server state's keys, shapes and dtypes (those the run's pieces start with),
+every client state's keys, shapes and dtypes (:class:`ClientStateTemplate`: what the run's pieces keep) and the
+client ids. ``resume_from_checkpoint="latest"`` skips a corrupt newest checkpoint (with a warning saying why) and
+takes the newest intact one.
+
+Temporary folders (``.tmp-round-<k>-<pid>``, ``.old-round-<k>-<pid>``) carry their writer's pid; they are cleaned up
+only by the process holding the run folder's lock (:mod:`.run_folder`), and only once their writer is gone.
 """
 
 from __future__ import annotations
@@ -37,8 +43,11 @@ from safetensors.torch import load_file, save_file
 
 from ..io import check_write_path, fsync_dir
 from ..state.store import ClientStateStore, flatten_state, parse_client_file, unflatten_state
+from .fingerprint import identity_names, run_fingerprint
+from .run_folder import holds_run_folder, process_alive
 
-FORMAT_VERSION = 2
+#: 3: the run id, the fingerprint's settings tier and the divergence reference
+FORMAT_VERSION = 3
 STATE_FILE = "federated_state.json"
 MANIFEST_FILE = "manifest.json"
 PARAMS_FILE = "global_params.safetensors"
@@ -86,24 +95,30 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-_LEFTOVER = re.compile(r"^\.(tmp|old)-round-(\d+)-\d+$")
+_LEFTOVER = re.compile(r"^\.(tmp|old)-round-(\d+)-(\d+)$")
 
 
 def recover_interrupted(root: str | os.PathLike) -> None:
-    """Clean up after a writer killed mid-save (there is one writer, the main process).
+    """Clean up after a writer killed mid-save (there is one writer, the main process of the run holding the
+    folder's lock).
 
+    Nothing is touched unless this process holds the lock of the run folder ``root`` is in (its parent), and a
+    leftover is touched only once the process named in it is gone (or is this one: one save at a time).
     ``.tmp-round-*`` folders are incomplete and deleted. An ``.old-round-<k>-*`` folder is the previous
     ``round-<k>`` moved aside while a re-written one was swapped in: if the kill came between the two
     renames, it is put back; otherwise it is deleted.
     """
     root = Path(root)
-    if not root.is_dir():
+    if not root.is_dir() or not holds_run_folder(root.parent):
         return
     for name in sorted(os.listdir(root)):
         match = _LEFTOVER.match(name)
         if not match:
             continue
-        kind, round_index = match.group(1), match.group(2)
+        kind, round_index, pid = match.group(1), match.group(2), int(match.group(3))
+        if pid != os.getpid() and process_alive(pid):
+            logger.warning("Leaving %s: process %d, which writes it, is alive.", root / name, pid)
+            continue
         final = root / f"round-{round_index}"
         if kind == "old" and not final.exists():
             os.replace(root / name, final)
@@ -287,7 +302,8 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if meta.get("format_version") != FORMAT_VERSION:
         raise _corrupt(path, f"{STATE_FILE}: field 'format_version'",
                        f"is {meta.get('format_version')!r}, expected {FORMAT_VERSION}.")
-    for name, kind in (("fingerprint", dict), ("settings", dict), ("history", list), ("config_changes", list)):
+    for name, kind in (("fingerprint", dict), ("settings", dict), ("history", list), ("config_changes", list),
+                       ("run_id", str)):
         if not isinstance(meta.get(name), kind):
             raise _corrupt(path, f"{STATE_FILE}: field {name!r}", f"is missing or not a {kind.__name__} (every "
                                                                    "checkpoint records it).")
@@ -376,20 +392,10 @@ def resolve_checkpoint(spec: str | bool, root: str | os.PathLike) -> Path:
 
 
 # --- a run's checkpoints ------------------------------------------------------------------------------------
-#: settings that must match for a checkpoint to be resumed (besides a strategy's own, e.g. the topology)
-FINGERPRINT_FIELDS = (
-    "fed_algorithm", "perturbation", "corrections", "aggregator", "num_clients", "seed", "partition_scheme",
-    "dirichlet_alpha", "classes_per_client", "min_partition_size", "effective_partition_seed",
-)
-#: settings a resume changes only with ``allow_config_change`` (then recorded); ``num_rounds`` too, when it is
-#: below the checkpoint's round (raising it, to extend a run, is always allowed)
+#: settings a resume changes only with ``allow_config_change`` (then recorded), kept under ``settings``;
+#: ``num_rounds`` too, when it is below the checkpoint's round (raising it, to extend a run, is always allowed). The
+#: other settings of that kind are in the fingerprint (:mod:`.fingerprint`).
 GUARDED_SETTINGS = ("learning_rate", "clients_per_round", "lr_decay_per_round")
-
-
-def fingerprint_fields(args) -> tuple[str, ...]:
-    """The names of the settings a checkpoint records and a resume must match: the run's set-up and every
-    hyperparameter the run's pieces declare (read from the piece registry through ``args``)."""
-    return FINGERPRINT_FIELDS + tuple(name for name in args.algorithm_hyperparameters() if name not in FINGERPRINT_FIELDS)
 
 
 def run_settings(args) -> dict:
@@ -406,16 +412,112 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+Spec = tuple[tuple[int, ...], torch.dtype]
+
+
+@dataclass
+class ClientStateTemplate:
+    """What every client state of a run holds, from the run's own pieces (never from the checkpoint).
+
+    Attributes:
+        always: ``{"<piece>/<key>": (shape, dtype)}`` every client state holds.
+        together: per piece, keys a client state holds all or none of (decentralized runs: a client's own model
+            is there before it first trains, its pieces' state after).
+        undeclared: pieces that keep client state without declaring its keys (``client_state_keys`` None): their
+            tensors are checked only against each other (same dtype and shape for every client).
+    """
+
+    always: dict[str, Spec] = field(default_factory=dict)
+    together: dict[str, dict[str, Spec]] = field(default_factory=dict)
+    undeclared: tuple[str, ...] = ()
+    #: the keys the pieces declare: what a trained client's new state holds (besides undeclared pieces')
+    piece_keys: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_pieces(cls, pieces, params: torch.Tensor, *, all_together: bool = False,
+                    always: dict[str, Spec] | None = None) -> "ClientStateTemplate":
+        """From the run's client pieces: each declared key is a flat vector like ``params`` (shape and dtype).
+        ``all_together``: the pieces' keys go to ``together`` (a client may have none yet), else to ``always``."""
+        template = cls(always=dict(always or {}))
+        undeclared = []
+        spec = (tuple(params.shape), params.dtype)
+        for piece in pieces:
+            keys = client_state_keys(piece)
+            if keys is None:
+                undeclared.append(piece.name)
+                continue
+            if not keys:
+                continue
+            specs = {f"{piece.name}/{key}": spec for key in keys}
+            template.piece_keys = template.piece_keys | set(specs)
+            if all_together:
+                template.together[piece.name] = specs
+            else:
+                template.always.update(specs)
+        template.undeclared = tuple(undeclared)
+        return template
+
+    def check(self, path: Path, rel: str, flat: dict[str, torch.Tensor]) -> None:
+        """Refuse (naming ``rel`` and the tensor) a key no piece of the run keeps, a missing one, or another
+        shape or dtype."""
+        known = {**self.always, **{k: v for group in self.together.values() for k, v in group.items()}}
+        for name, tensor in flat.items():
+            piece = name.split("/", 1)[0]
+            if name not in known and piece not in self.undeclared:
+                raise _corrupt(path, f"{rel}: tensor {name!r}", "is kept by no piece of this run.")
+            if name in known:
+                shape, dtype = known[name]
+                if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+                    raise _corrupt(path, f"{rel}: tensor {name!r}", (
+                        f"is {_dtype_name(tensor.dtype)} of shape {list(tensor.shape)}, this run's pieces keep "
+                        f"{_dtype_name(dtype)} of shape {list(shape)}."))
+        for name, (shape, dtype) in self.always.items():
+            if name not in flat:
+                raise _corrupt(path, f"{rel}: tensor {name!r}", (
+                    f"is missing; this run's pieces keep it for every client with state ({_dtype_name(dtype)} of "
+                    f"shape {list(shape)})."))
+        for piece, group in self.together.items():
+            present = sorted(name for name in group if name in flat)
+            if present and len(present) != len(group):
+                missing = sorted(set(group) - set(present))[0]
+                raise _corrupt(path, f"{rel}: tensor {missing!r}", f"is missing; the client holds {present[0]!r}, and "
+                                                                   f"piece {piece!r} keeps both.")
+
+    def check_live(self, client_id: int, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """A trained client's new state (from its pieces), before it is stored: the keys the pieces declare (a
+        piece that returns others is a bug in that piece: its ``client_state_keys`` must list what its ``end``
+        returns)."""
+        keys = {f"{piece}/{key}" for piece, part in state.items() if piece not in self.undeclared for key in part}
+        if keys != self.piece_keys:
+            raise RuntimeError(
+                f"client {client_id}'s new state holds {sorted(keys)}, the run's pieces declare "
+                f"{sorted(self.piece_keys)} (ClientPiece.client_state_keys must list the keys its end() returns).")
+
+
+def client_state_keys(piece) -> tuple[str, ...] | None:
+    """The client-state keys ``piece`` declares; ``()`` for a piece that keeps none (its ``end`` is the base
+    one); None when it keeps state without declaring it."""
+    keys = getattr(piece, "client_state_keys", None)
+    if keys is not None:
+        return tuple(keys)
+    from ..algorithms.base import ClientPiece
+
+    return () if type(piece).end is ClientPiece.end else None
+
+
 @dataclass
 class Restored:
     """What a run resumes from: the global weights ``{"params"[, "buffers"]}``, the server state, the
-    number of completed rounds, the history so far and the wall time spent before."""
+    number of completed rounds, the history so far, the wall time spent before, the run id and the divergence
+    reference (:mod:`.divergence`)."""
 
     weights: dict[str, torch.Tensor]
     server_state: dict[str, dict[str, torch.Tensor]]
     round: int
     history: list[dict]
     wall_seconds: float
+    run_id: str = ""
+    divergence_reference: dict | None = None
 
 
 class RunCheckpoints:
@@ -425,24 +527,35 @@ class RunCheckpoints:
         args: the run's arguments (output_dir, save_total_limit, allow_config_change and the fingerprinted and
             guarded settings).
         space, buffer_space: the model's trainable parameters (and averaged buffers, or None) by name.
-        extra_fingerprint: further values a resume must match (parameter count, LoRA base digest, the
-            strategy's settings).
+        extra_fingerprint: further values a resume must match (model and data digests, the strategy's settings;
+            see :mod:`.fingerprint`).
+        experiment_settings: names in ``extra_fingerprint`` that are settings (changed with
+            ``allow_config_change``) rather than the run's identity.
+        client_state_template: what the run's client states hold (:class:`ClientStateTemplate`).
     """
 
-    def __init__(self, args, space, buffer_space=None, extra_fingerprint: dict | None = None):
+    def __init__(self, args, space, buffer_space=None, extra_fingerprint: dict | None = None, *,
+                 experiment_settings: tuple[str, ...] = (), client_state_template: ClientStateTemplate | None = None):
         self.args = args
         self.root = os.path.join(args.output_dir, "checkpoints")
         self.save_total_limit = args.save_total_limit
         self.space, self.buffer_space = space, buffer_space
-        self.fingerprint = {name: getattr(args, name) for name in fingerprint_fields(args)}
-        self.fingerprint.update(extra_fingerprint or {})
+        self.fingerprint = run_fingerprint(args, extra_fingerprint)
+        self.identity = identity_names(self.fingerprint, experiment_settings)
+        self.client_state_template = client_state_template
+        #: this run's id (written into every checkpoint); a resume refuses a checkpoint of another run. None until
+        #: known: a resume into a folder without a recorded run id takes the checkpoint's.
+        self.run_id: str | None = None
+        #: the divergence reference written into every checkpoint (:mod:`.divergence`)
+        self.divergence_reference: dict | None = None
         #: settings changed on resume with allow_config_change (carried into every later checkpoint)
         self.config_changes: list[dict] = []
 
     def save(self, round_number: int, weights: dict[str, torch.Tensor], server_state, store: ClientStateStore,
              history: list[dict], wall_seconds: float) -> Path:
-        meta = {"fingerprint": self.fingerprint, "settings": run_settings(self.args),
-                "config_changes": self.config_changes, "history": history, "wall_seconds": wall_seconds}
+        meta = {"run_id": self.run_id, "fingerprint": self.fingerprint, "settings": run_settings(self.args),
+                "config_changes": self.config_changes, "history": history, "wall_seconds": wall_seconds,
+                "divergence_reference": self.divergence_reference}
         check_write_path(self.root, self.args.output_dir)  # a planted checkpoints -> /elsewhere link is refused
         tensors = self.space.named_tensors(weights["params"])
         if weights.get("buffers") is not None:
@@ -450,13 +563,17 @@ class RunCheckpoints:
         return save_checkpoint(self.root, round_number, tensors, server_state, store, meta, self.save_total_limit)
 
     def restore(self, spec: str | bool, store: ClientStateStore, dtype: torch.dtype,
-                server_state_template: dict | None = None) -> Restored:
+                server_state_template: dict | None = None,
+                client_state_template: ClientStateTemplate | None = None) -> Restored:
         """Check the checkpoint (a path, or ``"latest"``/``True``) and its fit to this run, load the client
         states into ``store``, return the rest.
 
         ``server_state_template``: the server state this run's pieces start with; the checkpoint's must have
-        the same keys, shapes and dtypes. ``latest`` takes the newest intact checkpoint: a corrupt one is
+        the same keys, shapes and dtypes. ``client_state_template``: what every client state holds
+        (:class:`ClientStateTemplate`). ``latest`` takes the newest intact checkpoint: a corrupt one is
         skipped with a warning saying why; none intact is a :class:`CheckpointError` listing each."""
+        if client_state_template is not None:
+            self.client_state_template = client_state_template
         if not _is_latest(spec):
             return self._restore(Path(spec), store, dtype, server_state_template)
         recover_interrupted(self.root)
@@ -480,6 +597,7 @@ class RunCheckpoints:
 
     def _restore(self, path: Path, store: ClientStateStore, dtype: torch.dtype, template: dict | None) -> Restored:
         checkpoint = load_checkpoint(path)
+        self._check_run_id(checkpoint)
         self._check_fingerprint(checkpoint)
         weights = self._weights(checkpoint, dtype)
         if template is not None:
@@ -494,19 +612,32 @@ class RunCheckpoints:
         self.config_changes = list(checkpoint.meta["config_changes"]) + changes
         if changes:
             history[-1] = {**history[-1], "config_changes": changes}
+        reference = checkpoint.meta.get("divergence_reference")
         logger.info("Resuming from %s (round %d)", path, checkpoint.round)
         return Restored(weights=weights, server_state=checkpoint.server_state, round=checkpoint.round,
-                        history=history, wall_seconds=float(checkpoint.meta["wall_seconds"]))
+                        history=history, wall_seconds=float(checkpoint.meta["wall_seconds"]),
+                        run_id=checkpoint.meta["run_id"], divergence_reference=reference
+                        if isinstance(reference, dict) else None)
+
+    def _check_run_id(self, checkpoint: Checkpoint) -> None:
+        saved = checkpoint.meta["run_id"]
+        if self.run_id is not None and saved != self.run_id:
+            raise CheckpointError(
+                f"run_id: the checkpoint {checkpoint.path} belongs to run {saved}, the run in {self.args.output_dir} "
+                f"is {self.run_id} (its run_status.json); resume one of that run's checkpoints, or start the other run "
+                "in its own output_dir.")
 
     def _check_fingerprint(self, checkpoint: Checkpoint) -> None:
+        """Every value this run records must be in the checkpoint; the run's identity must be equal."""
         saved, path = checkpoint.meta["fingerprint"], checkpoint.path
         for name, value in self.fingerprint.items():
             if name not in saved:
                 raise _corrupt(path, f"{STATE_FILE}: fingerprint", f"lacks {name!r}, which this run records.")
-            if saved[name] != _as_json(value):
+            if name in self.identity and saved[name] != value:
                 raise CheckpointError(
                     f"{name}: the checkpoint {path} was made with {name}={saved[name]!r}, this run has {value!r}; "
-                    "resume with the original settings or start a new output_dir."
+                    "it is part of the run's identity (not even --allow_config_change changes it): resume with the "
+                    "original settings or start a new output_dir."
                 )
 
     def _weights(self, checkpoint: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -553,8 +684,9 @@ class RunCheckpoints:
                                                                  f"({self.args.fed_algorithm}).")
 
     def _check_settings(self, checkpoint: Checkpoint) -> list[dict]:
-        """The guarded settings that differ from the checkpoint's: refused, or (``allow_config_change``) logged
-        and returned to be recorded."""
+        """The settings that differ from the checkpoint's (:data:`GUARDED_SETTINGS`, the fingerprint's settings
+        tier, ``num_rounds`` below the checkpoint's round): refused naming each, or (``allow_config_change``)
+        logged and returned to be recorded."""
         saved, now, path = checkpoint.meta["settings"], run_settings(self.args), checkpoint.path
         changes, reasons = [], []
         for name in GUARDED_SETTINGS:
@@ -564,6 +696,12 @@ class RunCheckpoints:
                 changes.append({"field": name, "checkpoint": saved[name], "run": now[name]})
                 reasons.append(f"{name}: the checkpoint {path} was made with {name}={saved[name]!r}, this run has "
                                f"{now[name]!r}")
+        recorded = checkpoint.meta["fingerprint"]
+        for name, value in self.fingerprint.items():
+            if name not in self.identity and recorded[name] != value:
+                changes.append({"field": name, "checkpoint": recorded[name], "run": value})
+                reasons.append(f"{name}: the checkpoint {path} was made with {name}={recorded[name]!r}, this run has "
+                               f"{value!r}")
         if checkpoint.round > self.args.num_rounds:
             changes.append({"field": "num_rounds", "checkpoint": checkpoint.round, "run": self.args.num_rounds})
             reasons.append(f"num_rounds: the checkpoint {path} has completed {checkpoint.round} rounds, more than "
@@ -582,17 +720,21 @@ class RunCheckpoints:
         return changes
 
     def _import_client_states(self, checkpoint: Checkpoint, store: ClientStateStore) -> None:
-        """Replace the store's states with the checkpoint's, each tensor finite and of the same dtype and shape
-        for every client holding that key."""
+        """Replace the store's states with the checkpoint's, each tensor finite and checked against the run's
+        :class:`ClientStateTemplate` (keys, shapes, dtypes), and of the same dtype and shape for every client
+        holding that key."""
         store.clear()
         seen: dict[str, tuple[int, torch.dtype, tuple]] = {}
         for client_id in checkpoint.client_ids:
             rel = f"{CLIENTS_DIR}/client-{client_id}.safetensors"
             flat = load_tensors(checkpoint.path, rel)
+            state = _unflatten(checkpoint.path, rel, flat)  # every name <piece>/<key>
             for name, tensor in flat.items():
                 first = seen.setdefault(name, (client_id, tensor.dtype, tuple(tensor.shape)))
                 if (tensor.dtype, tuple(tensor.shape)) != first[1:]:
                     raise _corrupt(checkpoint.path, f"{rel}: tensor {name!r}", (
                         f"is {_dtype_name(tensor.dtype)} of shape {list(tensor.shape)}, client {first[0]}'s is "
                         f"{_dtype_name(first[1])} of shape {list(first[2])}."))
-            store.put(client_id, _unflatten(checkpoint.path, rel, flat))
+            if self.client_state_template is not None:
+                self.client_state_template.check(checkpoint.path, rel, flat)
+            store.put(client_id, state)

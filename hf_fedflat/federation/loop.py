@@ -14,9 +14,10 @@ inputs, the gather of the results)::
     gather the updates (wire format) -> main: strategy.apply(...) -> record, eval, history, checkpoint
 
 A round that aggregates no client (all excluded, whatever the reason, or a non-finite new state refused)
-is recorded with ``num_clients: 0`` and ``round_failed``; a run that did not train raises
-:class:`~.outcome.TrainingFailedError` (see :mod:`.outcome`). Between rounds (and clients) the process exits
-when its launcher died (:mod:`.parent`).
+is recorded with ``num_clients: 0`` and ``round_failed``; a run that did not train, or diverged
+(:mod:`.divergence`: that round is not checkpointed), raises :class:`~.outcome.TrainingFailedError` (see
+:mod:`.outcome`). Between rounds (and clients) the process exits when its launcher died (:mod:`.parent`).
+The run holds its folder (:mod:`.run_folder`) for all of this: ``FederatedTrainer.train`` claims it first.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def _run(trainer, resume, history_file) -> FederatedTrainOutput:
             record["wall_seconds"] = wall_offset + time.perf_counter() - run_start
             record.update(trainer.diagnostics.target_metrics(record))
             trainer.history.append(record)
-            saves = args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0
+            diverged = trainer.divergence.check(record)
+            saves = args.save_every_n_rounds and (round_index + 1) % args.save_every_n_rounds == 0 and not diverged
             history_file.write(trainer.history, force=saves or round_index in (start_round, args.num_rounds - 1))
             reporter.log(round_index + 1, {k: v for k, v in record.items() if k not in ("round", "clients")})
             progress.set_postfix({k: f"{record[k]:.4f}" for k in ("eval_accuracy", "train_loss") if k in record})
@@ -113,7 +115,7 @@ def _run(trainer, resume, history_file) -> FederatedTrainOutput:
                                          trainer.history, record["wall_seconds"])
             trainer.call_callbacks("on_round_end", round_index, record)
         progress.update(1)
-        stop = trainer.failure_policy.check(trainer.history) if comm.is_main else None
+        stop = (diverged or trainer.failure_policy.check(trainer.history)) if comm.is_main else None
         if comm.distributed:  # one decision for every process: the main one's (its launcher is theirs)
             stop, launcher_died = comm.broadcast_object((stop, comm.is_main and watch.parent_died()))
             if launcher_died:
@@ -126,17 +128,35 @@ def _run(trainer, resume, history_file) -> FederatedTrainOutput:
 
 
 def _start(trainer, resume) -> tuple[int, float]:
-    """Main process: the initial (or restored) state of the strategy; ``(start round, wall offset)``."""
+    """Main process: the initial (or restored) state of the strategy; ``(start round, wall offset)``.
+
+    The checkpoints carry the run's id (a resume refuses another run's; a folder without a recorded id takes the
+    checkpoint's) and the divergence reference (measured on the initial model, or restored)."""
     initial = {"params": trainer.space.flatten().cpu()}
     if trainer.buffer_space is not None:
         initial["buffers"] = trainer.buffer_space.flatten().cpu()
+    folder, checkpoints = trainer.run_folder, trainer.checkpoints
+    checkpoints.run_id = folder.run_id if not resume or folder.info.get("run_id_from_folder") else None
     restored = None
+    client_states = trainer.strategy.client_state_template(initial)  # what every client state holds in this run
     if resume:
         trainer.strategy.start(initial, None)  # the fresh server state: a checkpoint's must have its keys and shapes
-        restored = trainer.checkpoints.restore(resume, trainer.store, initial["params"].dtype,
-                                               server_state_template=trainer.strategy.server_state())
+        restored = checkpoints.restore(resume, trainer.store, initial["params"].dtype,
+                                       server_state_template=trainer.strategy.server_state(),
+                                       client_state_template=client_states)
+        if checkpoints.run_id is None:
+            from .run_folder import adopt_run_id
+
+            adopt_run_id(folder, restored.run_id)
+            checkpoints.run_id = restored.run_id
         trainer.history = restored.history
+        trainer.divergence.reference = restored.divergence_reference
+    else:
+        trainer.store.clear()  # nothing of an earlier run's client states (a spilled store's folder) is used
+        trainer.divergence.measure(trainer, initial["params"], initial.get("buffers"))
+    checkpoints.divergence_reference = trainer.divergence.reference
     trainer.strategy.start(initial, restored)
+    folder.rounds_started = True
     trainer.call_callbacks("on_train_begin")
     return (restored.round, restored.wall_seconds) if restored else (0, 0.0)
 
@@ -225,7 +245,8 @@ def _finish(trainer, reporter) -> FederatedTrainOutput:
         reporter.close()
         trainer.diagnostics.finish(trainer.client_trainer, params)
         final_dir = trainer.save_model(os.path.join(trainer.args.output_dir, "final_model"))
-        write_run_status(trainer.args.output_dir, trainer.history, "completed", None, final_dir)
+        write_run_status(trainer.args.output_dir, trainer.history, "completed", None, final_dir,
+                         trainer.run_folder.status_fields())
         trainer.call_callbacks("on_train_end", trainer.history, final_model_dir=final_dir)
     comm.barrier()
     return FederatedTrainOutput(params=params, history=trainer.history, final_model_dir=final_dir)
@@ -242,7 +263,8 @@ def _fail(trainer, reporter, reason: str) -> None:
         if trainer.history:
             trainer.history[-1].update(run_status="failed", run_failure=reason)
             RecordLog(os.path.join(trainer.args.output_dir, "history.json")).write(trainer.history)
-        status = write_run_status(trainer.args.output_dir, trainer.history, "failed", reason, None)
+        status = write_run_status(trainer.args.output_dir, trainer.history, "failed", reason, None,
+                                  trainer.run_folder.status_fields())
     comm.barrier()
     output = FederatedTrainOutput(params=final["params"], history=trainer.history, final_model_dir=None)
     raise TrainingFailedError(reason, output, status)

@@ -4,7 +4,13 @@ run that did not train.
 A run did not train when no client was aggregated for ``max_consecutive_failed_rounds`` rounds in a row
 (:class:`~.client.FailurePolicy`), or in any round at all: its model is the last good one (the initial
 one when no round aggregated anything), so no ``final_model/`` is written; ``run_status.json`` and the last
-``history.json`` record say why, and ``hf-fedflat train`` exits with :data:`EXIT_TRAINING_FAILED`.
+``history.json`` record say why, and ``hf-fedflat train`` exits with :data:`EXIT_TRAINING_FAILED`. A run that
+diverged (:mod:`.divergence`) fails the same way.
+
+``run_status.json`` says ``running`` from the moment the run holds its folder (:mod:`.run_folder`), then how it
+ended: ``completed``, ``failed`` (it did not train, or diverged: exit status 3) or ``interrupted`` (an error or a
+signal stopped it; ``reason`` names it; resume from its latest checkpoint). A run killed outright (``SIGKILL``, a
+power cut) leaves ``running`` behind with no live holder of the folder's lock.
 """
 
 from __future__ import annotations
@@ -63,12 +69,19 @@ def untrained_reason(history: list[dict]) -> str | None:
 
 
 def write_run_status(output_dir: str, history: list[dict], status: str, reason: str | None,
-                     final_dir: str | None) -> dict:
-    """``run_status.json``: whether the run completed and trained, and why not; returns what it wrote."""
+                     final_dir: str | None, run: dict | None = None) -> dict:
+    """``run_status.json``: whether the run completed and trained, and why not; returns what it wrote.
+
+    ``run``: what identifies the run (``run_id``, ``pid``, ``host``, ``started``: :meth:`.run_folder.RunFolder.
+    status_fields`), recorded with the time it ended."""
+    import datetime
+
     aggregated = [r["round"] for r in history if r.get("num_clients", 0) > 0]
     summary = {
         "status": status,
         "reason": reason,
+        **(run or {}),
+        "ended": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "trained": bool(aggregated),
         "final_model": final_dir,
         "rounds_run": len(history),
@@ -77,6 +90,7 @@ def write_run_status(output_dir: str, history: list[dict], status: str, reason: 
         "last_aggregated_round": aggregated[-1] if aggregated else None,
     }
     if final_dir is None and os.path.isdir(os.path.join(output_dir, "final_model")):
-        summary["note"] = "final_model/ in this folder was written by an earlier run, not by this one"
-    atomic_write_json(summary, os.path.join(output_dir, RUN_STATUS_FILE))
+        summary["note"] = ("final_model/ in this folder was written when the run last completed (before it was "
+                           "resumed), not at this end")
+    atomic_write_json(summary, os.path.join(output_dir, RUN_STATUS_FILE), root=output_dir)
     return summary

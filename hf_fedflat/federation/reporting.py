@@ -13,9 +13,11 @@ from ..callbacks import FederatedCallback
 
 __all__ = ["RUN_ENTRIES", "PartitionFilesCallback", "RoundReporter", "run_entries"]
 
-#: what a run writes into its output_dir (files and folders); none of them may be a symbolic link
+#: what a run writes into its output_dir (files and folders); none of them may be a symbolic link (``runs``: the
+#: loggers' folder, e.g. TensorBoard's events; ``run.lock``: the folder's lock, see federation.run_folder)
 RUN_ENTRIES = ("partition.json", "partition_heatmap.png", "data_validation.json", "history.json", "run_status.json",
-               "final_model", "checkpoints", "client_states", "smoke_data")
+               "final_model", "checkpoints", "client_states", "client_states_gossip_staging", "smoke_data",
+               "smoke_assets", "runs", "run.lock")
 
 
 def run_entries(args) -> list[str]:
@@ -25,7 +27,7 @@ def run_entries(args) -> list[str]:
     if state_dir:
         relative = os.path.relpath(os.path.abspath(state_dir), os.path.abspath(args.output_dir))
         if relative != os.curdir and not relative.startswith(os.pardir):
-            entries.append(relative)
+            entries += [relative, relative + "_gossip_staging"]
     return entries
 
 

@@ -13,7 +13,9 @@ A :class:`Strategy` answers, for the loop in :mod:`hf_fedflat.federation.loop`:
 - ``server_state()``: what a checkpoint holds besides the model and the client-state store;
 - ``evaluate_more(evaluate)``: further eval metrics (decentralized: the clients' own models);
 - ``start(initial, restored)`` (main process) and ``describe()`` (for ``federated_config.json``);
-- ``fingerprint``: settings a checkpoint of this strategy must match.
+- ``fingerprint``: settings a checkpoint of this strategy must match;
+- ``client_state_template(initial)``: what every client state holds (keys, shapes, dtypes), from the run's own
+  pieces: a resume checks a checkpoint's client states against it, and every new state is checked as stored.
 
 :class:`ServerStrategy` is server FL (a global model ``w^t``, aggregated by the algorithm's server step);
 ``hf_fedflat.decentralized.gossip_strategy.GossipStrategy`` keeps one model per client and gossips.
@@ -28,7 +30,7 @@ import torch
 from ..algorithms import ClientUpdate
 from ..algorithms.base import weighted_sum
 from ..diagnostics.run import tensor_bytes
-from .checkpoint import Restored
+from .checkpoint import ClientStateTemplate, Restored
 from .client import ClientStart
 from ..sampling import sample_clients
 from ..training.parameters import all_finite
@@ -82,6 +84,8 @@ class Strategy(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def client_state_template(self, initial: Weights) -> ClientStateTemplate: ...
+
 
 class ServerStrategy:
     """Server FL: every round the sampled clients start from ``w^t`` (and what the pieces broadcast, and
@@ -99,9 +103,15 @@ class ServerStrategy:
         self.fingerprint: dict[str, Any] = {}
         self.weights: Weights = {}
         self.state: dict = {}
+        self.template = ClientStateTemplate()
         self.payload_bytes = 0  # what one client downloads per round
 
+    def client_state_template(self, initial: Weights) -> ClientStateTemplate:
+        """Every client with state holds each key the pieces declare: a flat vector like the parameters."""
+        return ClientStateTemplate.from_pieces(self.algorithm.client_pieces, initial["params"])
+
     def start(self, initial: Weights, restored: Restored | None) -> None:
+        self.template = self.client_state_template(initial)
         self.weights = dict(initial)
         self.state = self.algorithm.init_server_state(initial["params"])
         if restored is not None:
@@ -142,6 +152,7 @@ class ServerStrategy:
         refuse_non_finite("server step", {**new, "server_state": state})
         self.weights, self.state = new, state
         for update in updates:
+            self.template.check_live(update.client_id, update.state)
             if update.state:
                 self.store.put(update.client_id, update.state)
         return self.diagnostics.round_metrics(updates, weights, self.payload_bytes)

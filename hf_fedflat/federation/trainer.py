@@ -7,6 +7,7 @@ gossip in :class:`~hf_fedflat.decentralized.DecentralizedTrainer`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -29,10 +30,13 @@ from ..training import BufferSpace
 from .checkpoint import RunCheckpoints
 from .client import FailurePolicy, LocalTraining
 from .comm import get_process_group, quiet_process_group_warning
+from .divergence import DivergenceGuard
+from .fingerprint import model_fingerprint, partition_fingerprint
 from .load_balance import ClientCostModel
 from .loop import run_rounds
-from .outcome import FederatedTrainOutput, TrainingFailedError
+from .outcome import FederatedTrainOutput, TrainingFailedError, write_run_status
 from .reporting import PartitionFilesCallback
+from .run_folder import abandon_run_folder, claim_run_folder, release_run_folder
 from .strategy import ServerStrategy
 from .trainer_api import TrainerAPI, train_metrics
 
@@ -185,6 +189,14 @@ class FederatedTrainer(TrainerAPI):
         self.local_training = LocalTraining(self.client_trainer, self.algorithm, args, partition, train_dataset,
                                             self.buffer_space, self.diagnostics)
         self.failure_policy = FailurePolicy(args.max_consecutive_failed_rounds)
+        #: a round whose train loss is NaN/Inf or far above the initial one fails the run (federation.divergence)
+        self.divergence = DivergenceGuard(getattr(args, "divergence_factor", None))
+        #: the claimed output_dir (federation.run_folder): set by train()
+        self.run_folder = None
+        #: further values a resume must match, and those of them that are settings (hf-fedflat train: its data,
+        #: model and LoRA arguments, see federation.fingerprint.experiment_fingerprint)
+        self.experiment_fingerprint: dict[str, Any] = {}
+        self.experiment_settings: tuple[str, ...] = ()
         self.store = None
         if self.comm.is_main:
             store_dir = args.client_state_dir or os.path.join(args.output_dir, "client_states")
@@ -194,15 +206,20 @@ class FederatedTrainer(TrainerAPI):
 
     @functools.cached_property
     def checkpoints(self) -> RunCheckpoints:
-        """This run's checkpoints (the fingerprint includes the strategy's settings; made on first use)."""
-        extra = {"num_parameters": self.space.numel}
+        """This run's checkpoints (made on first use). The fingerprint (:mod:`.fingerprint`) holds the model's
+        class and parameter names/shapes/dtypes digest, the data's row count and partition digest, the strategy's
+        settings and :attr:`experiment_fingerprint`."""
+        # (the arguments the user gave first: a refusal names the first value that differs)
+        extra = {**self.experiment_fingerprint, **model_fingerprint(self.model), "num_parameters": self.space.numel,
+                 **partition_fingerprint(self.partition, self.train_dataset)}
         # Under LoRA a checkpoint holds adapters + head only: resuming is right only on the same frozen base.
         if any(not p.requires_grad for p in self.model.parameters()):
             from ..models.lora import frozen_parameter_digest
 
             extra["frozen_parameters_sha256"] = frozen_parameter_digest(self.model)
         extra.update(self.strategy.fingerprint)
-        return RunCheckpoints(self.args, self.space, self.buffer_space, extra)
+        return RunCheckpoints(self.args, self.space, self.buffer_space, extra,
+                              experiment_settings=self.experiment_settings)
 
     def call_callbacks(self, hook: str, *args, **kwargs) -> None:
         """Run ``hook`` of every callback, in order, with this trainer first."""
@@ -236,12 +253,37 @@ class FederatedTrainer(TrainerAPI):
             :class:`~.outcome.TrainingFailedError`, whose ``output`` carries the same fields.
         """
         resume = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
+        # the folder is this run's until it ends: locked, checked, run_status.json "running" (federation.run_folder)
+        folder = self.run_folder = claim_run_folder(self.args, resume, self.comm)
         try:
-            output = run_rounds(self, resume)
+            with _sigterm_as_exit():
+                output = run_rounds(self, resume)
         except TrainingFailedError as failed:
             failed.output = self._with_train_metrics(failed.output)
             raise
+        except BaseException as error:
+            self._record_stop(folder, error)
+            raise
+        finally:
+            release_run_folder(folder)
         return self._with_train_metrics(output)
+
+    def _record_stop(self, folder, error: BaseException) -> None:
+        """Main process: a run refused before its first round (bad input) leaves the folder's status as it was;
+        one stopped later by an error or a signal is recorded as ``interrupted``, with the reason."""
+        if not self.comm.is_main or not folder.is_holder:
+            return
+        if not folder.rounds_started and isinstance(error, ValueError):
+            abandon_run_folder(folder)
+            return
+        if isinstance(error, _Terminated):
+            reason = "SIGTERM: the process was asked to stop"
+        else:
+            reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        try:
+            write_run_status(self.args.output_dir, self.history, "interrupted", reason, None, folder.status_fields())
+        except Exception as failure:  # (a full disk, say): the original error is what matters
+            logger.warning("Could not record the interruption in run_status.json: %s", failure)
 
     def _with_train_metrics(self, output: FederatedTrainOutput) -> FederatedTrainOutput:
         metrics = train_metrics(output.history)
@@ -284,7 +326,8 @@ class FederatedTrainer(TrainerAPI):
                               data_config=getattr(self, "data_config", None))
         dropped = getattr(getattr(self, "input_report", None), "dropped", None)
         atomic_write_json(
-            {"algorithm": self.algorithm.describe(), "num_clients": self.args.num_clients,
+            {"run_id": getattr(self.run_folder, "run_id", None),
+             "algorithm": self.algorithm.describe(), "num_clients": self.args.num_clients,
              "clients_per_round": self.args.num_clients_per_round, "num_rounds": self.args.num_rounds,
              "partition": {"scheme": self.partition.scheme, "description": self.partition.describe_scheme(),
                            "alpha": self.partition.alpha, "seed": self.partition.seed},
@@ -292,3 +335,29 @@ class FederatedTrainer(TrainerAPI):
              **self.strategy.describe()},
             os.path.join(directory, "federated_config.json"),
         )
+
+
+class _Terminated(SystemExit):
+    """SIGTERM during a run (a scheduler's preemption, a launcher stopping its processes): raised in the main
+    thread, so that the run records ``interrupted`` before the process exits with status 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """While a run trains, SIGTERM raises :class:`_Terminated` (main thread, and only when no handler is set)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise _Terminated(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -171,6 +171,7 @@ class DiskClientStateStore(ClientStateStore):
                 shutil.copy2(source, target)
 
     def clear(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)  # (a new run's overwrite_output_dir may have removed it)
         for client_id in self.client_ids():
             client_file(self.root, client_id).unlink()
 
