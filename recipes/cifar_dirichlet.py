@@ -27,6 +27,7 @@ SMOKE = [
     "--model_name", "small_cnn", "--num_clients", "4", "--participation_fraction", "0.5", "--min_partition_size", "1",
     "--num_rounds", "2", "--local_epochs", "1", "--per_device_train_batch_size", "8", "--eval_every_n_rounds", "1",
     "--output_dir", "outputs/smoke/cifar_dirichlet", "--save_every_n_rounds", "1", "--use_cpu", "true",
+    "--overwrite_output_dir", "true",  # a smoke run's folder is scratch: running it again replaces it
 ]
 
 

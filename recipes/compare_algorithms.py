@@ -38,6 +38,7 @@ SMOKE = [
     "--algorithms", "fedavg,fedlesam", "--num_clients", "4", "--clients_per_round", "2", "--num_rounds", "2",
     "--local_steps", "2", "--per_device_train_batch_size", "8", "--image_size", "8",
     "--output_dir", "outputs/smoke/compare", "--use_cpu", "true", "--disable_tqdm", "true",
+    "--overwrite_output_dir", "true",  # a smoke run's folder is scratch: running it again replaces it
 ]
 
 

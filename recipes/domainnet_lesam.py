@@ -26,6 +26,7 @@ SMOKE = [
     "--model_kwargs", '{"patch_size": 16, "embed_dim": 32, "depth": 1, "num_heads": 2}',
     "--num_rounds", "2", "--local_epochs", "1", "--per_device_train_batch_size", "8", "--learning_rate", "0.01",
     "--output_dir", "outputs/smoke/domainnet_lesam", "--save_every_n_rounds", "1", "--use_cpu", "true",
+    "--overwrite_output_dir", "true",  # a smoke run's folder is scratch: running it again replaces it
 ]
 
 

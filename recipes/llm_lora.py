@@ -51,6 +51,7 @@ SMOKE = [
     "--num_clients", "4", "--clients_per_round", "2", "--num_rounds", "2", "--local_steps", "3",
     "--learning_rate", "0.01", "--eval_every_n_rounds", "1", "--save_every_n_rounds", "1",
     "--output_dir", "outputs/smoke/llm_lora", "--use_cpu", "true",
+    "--overwrite_output_dir", "true",  # a smoke run's folder is scratch: running it again replaces it
 ]
 
 

@@ -24,6 +24,7 @@ DEFAULTS = [
 SMOKE = [
     "--num_clients", "5", "--participation_fraction", "0.6", "--num_rounds", "2", "--local_steps", "3",
     "--output_dir", "outputs/smoke/mnist_fedgam", "--save_every_n_rounds", "1", "--use_cpu", "true",
+    "--overwrite_output_dir", "true",  # a smoke run's folder is scratch: running it again replaces it
 ]
 
 

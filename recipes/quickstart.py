@@ -14,6 +14,7 @@ the defaults below.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.cli.comparison import format_markdown, run_comparison, write_comparison
 from hf_fedflat.data import load_digits_dataset
+from hf_fedflat.federation.run_folder import claimed_run_folder
 from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
 from hf_fedflat.models import create_model
 from hf_fedflat.models.arguments import ModelArguments
@@ -39,6 +41,7 @@ SMOKE = [
     "--compare", "fedavg,fedsam", "--num_clients", "4", "--clients_per_round", "2", "--num_rounds", "2",
     "--local_steps", "2", "--per_device_train_batch_size", "8", "--image_size", "8",
     "--output_dir", "outputs/smoke/quickstart", "--use_cpu", "true", "--disable_tqdm", "true",
+    "--overwrite_output_dir", "true",  # a smoke run's folder is scratch: running it again replaces it
 ]
 
 
@@ -71,12 +74,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quick, args, single = parse(argv)
-    data = load_digits_dataset(image_size=quick.image_size, seed=DEFAULT_SPLIT_SEED)  # the test set: not --seed's
-    names = [args.fed_algorithm] if single else [n.strip() for n in quick.compare.split(",") if n.strip()]
-    rows, histories = run_comparison(
-        args, names, lambda: create_model(quick.model_name, num_classes=10, in_chans=1, image_size=quick.image_size),
-        data["train"], data["test"], single_run=single,
-    )
+    # one run: its folder is locked and checked before any data loads (comparisons: each sub-folder, as it starts)
+    with claimed_run_folder(args, args.resume_from_checkpoint) if single else contextlib.nullcontext():
+        data = load_digits_dataset(image_size=quick.image_size, seed=DEFAULT_SPLIT_SEED)  # the test set: not --seed's
+        names = [args.fed_algorithm] if single else [n.strip() for n in quick.compare.split(",") if n.strip()]
+        rows, histories = run_comparison(
+            args, names,
+            lambda: create_model(quick.model_name, num_classes=10, in_chans=1, image_size=quick.image_size),
+            data["train"], data["test"], single_run=single,
+        )
     if group.is_main:
         table = format_markdown(rows)
         print("\n" + table)

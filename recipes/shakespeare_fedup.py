@@ -25,6 +25,7 @@ DEFAULTS = [
 SMOKE = [
     "--model_kwargs", '{"hidden_size": 32}', "--num_clients", "6", "--clients_per_round", "3", "--num_rounds", "2", "--local_steps", "2", "--eval_every_n_rounds", "1",
     "--output_dir", "outputs/smoke/shakespeare_fedup", "--save_every_n_rounds", "1", "--use_cpu", "true",
+    "--overwrite_output_dir", "true",  # a smoke run's folder is scratch: running it again replaces it
 ]
 
 

@@ -47,6 +47,7 @@ SMOKE = [
     "--max_seq_length", "32", "--num_clients", "4", "--clients_per_round", "2", "--num_rounds", "2",
     "--local_steps", "3", "--per_device_train_batch_size", "8", "--learning_rate", "0.003",
     "--eval_every_n_rounds", "1", "--save_every_n_rounds", "1", "--output_dir", "outputs/smoke/text_classification",
+    "--overwrite_output_dir", "true",  # a smoke run's folder is scratch: running it again replaces it
     "--use_cpu", "true",
 ]
 
