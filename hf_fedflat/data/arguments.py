@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..field_checks import check_choice, check_integer, check_number
+from ..field_checks import ConfigError, check_choice, check_integer, check_number
 from .partition import SCHEMES
 
 __all__ = ["DEFAULT_SPLIT_SEED", "DataArguments", "PartitionArguments"]
@@ -146,27 +146,27 @@ class DataArguments:
 
     def __post_init__(self):
         if not 0.0 < float(self.test_fraction) < 1.0:
-            raise ValueError(f"test_fraction: must be in (0, 1), got {self.test_fraction}.")
+            raise ConfigError(f"test_fraction: must be in (0, 1), got {self.test_fraction}.")
         if not isinstance(self.clients_per_domain, int) or self.clients_per_domain < 1:
-            raise ValueError(f"clients_per_domain: must be an integer >= 1, got {self.clients_per_domain!r}.")
+            raise ConfigError(f"clients_per_domain: must be an integer >= 1, got {self.clients_per_domain!r}.")
         if not isinstance(self.max_seq_length, int) or self.max_seq_length < 2:
-            raise ValueError(f"max_seq_length: must be an integer >= 2, got {self.max_seq_length!r}.")
+            raise ConfigError(f"max_seq_length: must be an integer >= 2, got {self.max_seq_length!r}.")
         if self.partition_by is not None and not str(self.partition_by).strip():
-            raise ValueError("partition_by: empty; name a column (e.g. user_id) or leave it unset.")
+            raise ConfigError("partition_by: empty; name a column (e.g. user_id) or leave it unset.")
         if self.split_seed is not None and (isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int)
                                             or self.split_seed < 0):
-            raise ValueError(f"split_seed: must be an integer >= 0 (or unset), got {self.split_seed!r}.")
+            raise ConfigError(f"split_seed: must be an integer >= 0 (or unset), got {self.split_seed!r}.")
         for name in ("synthetic_alpha", "synthetic_beta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < float("inf"):
-                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}.")
+                raise ConfigError(f"{name}: must be a finite number >= 0, got {value!r}.")
         if isinstance(self.synthetic_num_users, bool) or not isinstance(self.synthetic_num_users, int) \
                 or self.synthetic_num_users < 1:
-            raise ValueError(f"synthetic_num_users: must be an integer >= 1, got {self.synthetic_num_users!r}.")
+            raise ConfigError(f"synthetic_num_users: must be an integer >= 1, got {self.synthetic_num_users!r}.")
         for name in ("max_clients", "max_samples_per_client", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}: must be an integer >= 1 (or unset), got {value!r}.")
+                raise ConfigError(f"{name}: must be an integer >= 1 (or unset), got {value!r}.")
 
     @property
     def effective_split_seed(self) -> int:

@@ -87,7 +87,7 @@ def register_dataset(name: str) -> Callable[[DatasetLoader], DatasetLoader]:
 
     def decorator(loader: DatasetLoader) -> DatasetLoader:
         if name in DATASETS:
-            raise ValueError(f"dataset_name: a dataset named {name!r} is already registered.")
+            raise ConfigError(f"dataset_name: a dataset named {name!r} is already registered.")
         DATASETS[name] = loader
         return loader
 

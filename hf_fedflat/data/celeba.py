@@ -27,6 +27,7 @@ import datasets
 import numpy as np
 
 from .leaf import LeafClients, choose_users, contiguous_partition, natural_clients_from_rows, read_leaf
+from ..field_checks import ConfigError
 
 __all__ = ["CELEBA_CLASS_NAMES", "CELEBA_HUB", "CELEBA_MEAN", "CELEBA_STD", "find_celeba_images", "load_celeba",
            "write_celeba_leaf"]
@@ -63,10 +64,10 @@ def celeba_from_leaf(root: str | os.PathLike, *, max_clients: int | None = None,
 
     def convert(user: str, x: list, y: list) -> tuple[list[str], np.ndarray]:
         if not all(isinstance(name, str) for name in x):
-            raise ValueError("x must be image file names (e.g. '000001.jpg')")
+            raise ConfigError("x must be image file names (e.g. '000001.jpg')")
         labels = np.asarray(y, dtype=np.int64).reshape(-1)
         if labels.size and not np.isin(labels, (0, 1)).all():
-            raise ValueError("y must be 0 or 1 (the Smiling attribute)")
+            raise ConfigError("y must be 0 or 1 (the Smiling attribute)")
         return [str(images / name) for name in x], labels
 
     keep = (lambda users: choose_users(users, max_clients, seed)) if max_clients else None
@@ -102,7 +103,7 @@ def celeba_from_rows(dataset: datasets.Dataset, *, client_column: str = "celeb_i
     if image_column != "image":
         dataset = dataset.rename_column(image_column, "image")
     if label_column not in dataset.column_names:
-        raise ValueError(f"label_column: {label_column!r} is not a column of the CelebA copy (columns: "
+        raise ConfigError(f"label_column: {label_column!r} is not a column of the CelebA copy (columns: "
                          f"{dataset.column_names}); CelebA's LEAF task is Smiling.")
     values = column_values(dataset, label_column)
     if values.dtype == bool:
@@ -110,7 +111,7 @@ def celeba_from_rows(dataset: datasets.Dataset, *, client_column: str = "celeb_i
     elif set(np.unique(values).tolist()) <= {-1, 0, 1}:
         labels = (values > 0).astype(np.int64)
     else:
-        raise ValueError(f"label_column: {label_column!r} must hold a binary attribute (bool, 0/1 or -1/1).")
+        raise ConfigError(f"label_column: {label_column!r} must hold a binary attribute (bool, 0/1 or -1/1).")
     return natural_clients_from_rows(dataset, client_column=client_column, label_ids=labels,
                                      class_names=CELEBA_CLASS_NAMES, keep_columns=["image"],
                                      min_samples=LEAF_MIN_IMAGES, max_clients=max_clients, seed=seed)

@@ -11,6 +11,7 @@ import datasets
 import numpy as np
 
 from hf_fedflat.data.transforms import image_classification_transform
+from ..field_checks import ConfigError
 
 __all__ = [
     "DIGITS_CLASS_NAMES",
@@ -90,11 +91,11 @@ def load_digits_dataset(
     from sklearn.model_selection import train_test_split
 
     if not 0.0 < float(test_fraction) < 1.0:
-        raise ValueError(
+        raise ConfigError(
             f"test_fraction must be in (0, 1) (share of rows held out), got {test_fraction}"
         )
     if int(image_size) < 1:
-        raise ValueError(f"image_size must be a positive int, got {image_size}")
+        raise ConfigError(f"image_size must be a positive int, got {image_size}")
 
     digits = load_digits()
     images = (digits.images / 16.0).astype(np.float32)  # [1797, 8, 8], values 0..16

@@ -47,6 +47,7 @@ from hf_fedflat.data.images import (
     timm_transform,
 )
 from hf_fedflat.data.partition import ClientPartition
+from ..field_checks import ConfigError
 
 __all__ = [
     "DOMAIN_COLUMN",
@@ -82,7 +83,7 @@ def _scan_domain_folder(root: Path) -> dict[str, list]:
                     rows[DOMAIN_COLUMN].append(domain_dir.name)
                     rows[LABEL_COLUMN].append(class_dir.name)
     if not rows[IMAGE_COLUMN]:
-        raise ValueError(
+        raise ConfigError(
             f"data_dir={str(root)!r} holds no images in the layout <domain>/<class>/<image> "
             f"(extensions {sorted(IMAGE_EXTENSIONS)}); pass the folder whose subfolders are the "
             f"domains"
@@ -170,7 +171,7 @@ def load_domain_dataset(
         dataset = _pick_split(loaded, split)
         dataset = _standardize_domain_columns(dataset, image_column, domain_column, label_column)
     if data_config is not None and image_size is not None:
-        raise ValueError(
+        raise ConfigError(
             "image_size and data_config were both given; data_config sets the input size, "
             "pass only one of them"
         )
@@ -188,7 +189,7 @@ def _pick_split(loaded: datasets.Dataset | datasets.DatasetDict, split: str | No
         return loaded
     if split is not None:
         if split not in loaded:
-            raise ValueError(f"split={split!r} is not a split of the dataset; available: {list(loaded)}")
+            raise ConfigError(f"split={split!r} is not a split of the dataset; available: {list(loaded)}")
         return loaded[split]
     if len(loaded) == 1:
         return next(iter(loaded.values()))
@@ -200,7 +201,7 @@ def _standardize_domain_columns(
 ) -> datasets.Dataset:
     for arg, column in (("domain_column", domain_column), ("label_column", label_column)):
         if column not in dataset.column_names:
-            raise ValueError(
+            raise ConfigError(
                 f"{arg}={column!r} is not a column of the dataset (columns: "
                 f"{dataset.column_names}); pass the name of that column"
             )
@@ -209,7 +210,7 @@ def _standardize_domain_columns(
     renames = {src: dst for src, dst in renames.items() if src != dst}
     clashes = [dst for dst in renames.values() if dst in dataset.column_names and dst not in renames]
     if clashes:
-        raise ValueError(
+        raise ConfigError(
             f"image_column/domain_column/label_column: renaming {renames} would overwrite the "
             f"existing column(s) {clashes}; pass the columns holding the images, domains, labels"
         )
@@ -242,7 +243,7 @@ class DomainPartition(ClientPartition):
         self.client_domains = [str(d) for d in self.client_domains]
         self.domain_names = [str(d) for d in self.domain_names]
         if len(self.client_domains) != self.num_clients:
-            raise ValueError(
+            raise ConfigError(
                 f"client_domains has {len(self.client_domains)} entries for {self.num_clients} clients"
             )
 
@@ -337,12 +338,12 @@ def leave_one_domain_out(
         )
     if isinstance(clients_per_domain, bool) or not isinstance(clients_per_domain, (int, np.integer)) \
             or clients_per_domain < 1:
-        raise ValueError(f"clients_per_domain must be an int >= 1, got {clients_per_domain!r}")
+        raise ConfigError(f"clients_per_domain must be an int >= 1, got {clients_per_domain!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+        raise ConfigError(f"seed must be an int, got {seed!r}")
     for arg, column in (("domain_column", domain_column), ("label_column", label_column)):
         if column not in dataset.column_names:
-            raise ValueError(
+            raise ConfigError(
                 f"{arg}={column!r} is not a column of the dataset (columns: "
                 f"{dataset.column_names}); pass the name of that column"
             )
@@ -350,7 +351,7 @@ def leave_one_domain_out(
     label_ids, class_names = class_ids(dataset, label_column)
     present = [domain_names[i] for i in np.unique(domain_ids)]
     if str(held_out_domain) not in present:
-        raise ValueError(
+        raise ConfigError(
             f"held_out_domain={held_out_domain!r} is not a domain of the dataset; available "
             f"domains: {present}"
         )
@@ -364,14 +365,14 @@ def leave_one_domain_out(
     client_domains: list[str] = []
     training_domains = [name for name in present if name != str(held_out_domain)]
     if not training_domains:
-        raise ValueError(
+        raise ConfigError(
             f"held_out_domain={held_out_domain!r} is the only domain: no training data is left"
         )
     for name in training_domains:
         index = domain_names.index(name)
         rows = np.flatnonzero(train_domains == index)  # positions in train_dataset
         if clients_per_domain > rows.size:
-            raise ValueError(
+            raise ConfigError(
                 f"clients_per_domain={clients_per_domain} exceeds the {rows.size} rows of domain "
                 f"{name!r}; use at most {rows.size}"
             )

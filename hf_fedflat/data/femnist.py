@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from .leaf import LeafClients, choose_users, contiguous_partition, natural_clients_from_rows, read_leaf, split_by_sample
+from ..field_checks import ConfigError
 
 __all__ = [
     "FEMNIST_CLASS_NAMES",
@@ -87,11 +88,11 @@ def _quantize(user: str, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
     if pixels.ndim != 2 or pixels.shape[1] != _PIXELS:
         if pixels.size == 0 and labels.size == 0:
             return np.zeros((0, _PIXELS), np.uint8), labels.reshape(0)
-        raise ValueError(f"x must be a list of {_PIXELS} floats per sample (28x28 flattened), got shape {pixels.shape}")
+        raise ConfigError(f"x must be a list of {_PIXELS} floats per sample (28x28 flattened), got shape {pixels.shape}")
     if pixels.size and (not np.isfinite(pixels).all() or pixels.min() < 0.0 or pixels.max() > 1.0):
-        raise ValueError("x values must be in [0, 1] (LEAF's pixel / 255)")
+        raise ConfigError("x values must be in [0, 1] (LEAF's pixel / 255)")
     if labels.ndim != 1 or (labels.size and (labels.min() < 0 or labels.max() >= len(FEMNIST_CLASS_NAMES))):
-        raise ValueError(f"y must be class ids in [0, {len(FEMNIST_CLASS_NAMES)})")
+        raise ConfigError(f"y must be class ids in [0, {len(FEMNIST_CLASS_NAMES)})")
     return np.rint(pixels * 255.0).astype(np.uint8), labels
 
 
@@ -245,7 +246,7 @@ def _leaf_label_ids(dataset: datasets.Dataset, label_column: str) -> np.ndarray:
     from .images import column_values
 
     if label_column not in dataset.column_names:
-        raise ValueError(f"label_column: {label_column!r} is not a column of the FEMNIST copy (columns: "
+        raise ConfigError(f"label_column: {label_column!r} is not a column of the FEMNIST copy (columns: "
                          f"{dataset.column_names}); pass --label_column.")
     values = column_values(dataset, label_column)
     feature = dataset.features[label_column]
@@ -257,7 +258,7 @@ def _leaf_label_ids(dataset: datasets.Dataset, label_column: str) -> np.ndarray:
     if values.dtype.kind in "UO" and set(map(str, np.unique(values))) <= set(FEMNIST_CLASS_NAMES):
         index = {name: i for i, name in enumerate(FEMNIST_CLASS_NAMES)}
         return np.array([index[str(v)] for v in values], dtype=np.int64)
-    raise ValueError(f"label_column: {label_column!r} holds neither FEMNIST's 62 characters nor class ids in [0, 62).")
+    raise ConfigError(f"label_column: {label_column!r} holds neither FEMNIST's 62 characters nor class ids in [0, 62).")
 
 
 def femnist_from_rows(
@@ -315,7 +316,7 @@ def femnist_transform(image_size: int | None = None, in_chans: int = 1):
     """Batch transform: ``pixels`` (uint8 784) or ``image`` (PIL) -> ``pixel_values`` float32 ``[B, in_chans, S, S]``
     in [0, 1] as LEAF stores them (1.0 = white background; ``S`` = ``image_size``, 28 by default), ``labels``."""
     if in_chans not in (1, 3):
-        raise ValueError(f"in_chans must be 1 or 3, got {in_chans!r}")
+        raise ConfigError(f"in_chans must be 1 or 3, got {in_chans!r}")
     size = FEMNIST_IMAGE_SIZE if image_size is None else int(image_size)
 
     def transform(batch: dict[str, list]) -> dict[str, torch.Tensor]:

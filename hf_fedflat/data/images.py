@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_fedflat.data.transforms import _per_channel, to_image_tensor
+from ..field_checks import ConfigError
 
 __all__ = [
     "IMAGE_COLUMN",
@@ -187,7 +188,11 @@ def load_image_dataset(
             if isinstance(loaded, datasets.Dataset):
                 loaded = datasets.DatasetDict({"train": loaded})
             return loaded
-        return datasets.load_dataset("imagefolder", data_dir=source, cache_dir=cache)
+        try:
+            return datasets.load_dataset("imagefolder", data_dir=source, cache_dir=cache)
+        except datasets.data_files.EmptyDatasetError as err:
+            raise ConfigError(f"data_dir: {source} holds no image files; pass a folder laid out as "
+                              "<split>/<class>/<image> (or a save_to_disk copy).") from err
     try:
         loaded = datasets.load_dataset(source, cache_dir=cache)
     except hub_errors() as err:
@@ -206,7 +211,7 @@ def find_image_column(dataset: datasets.Dataset, image_column: str | None = None
     """The image column: ``image_column`` if given, else the first ``Image`` feature."""
     if image_column is not None:
         if image_column not in dataset.column_names:
-            raise ValueError(
+            raise ConfigError(
                 f"image_column={image_column!r} is not a column of the dataset (columns: "
                 f"{dataset.column_names}); pass the name of the image column"
             )
@@ -217,7 +222,7 @@ def find_image_column(dataset: datasets.Dataset, image_column: str | None = None
     for name in ("image", "img"):
         if name in dataset.column_names:
             return name
-    raise ValueError(
+    raise ConfigError(
         f"image_column: no Image column found (columns: {dataset.column_names}); pass "
         f"image_column=<name of the column holding the images>"
     )
@@ -235,7 +240,7 @@ def column_values(dataset: datasets.Dataset, column: str) -> np.ndarray:
 def class_ids(dataset: datasets.Dataset, column: str) -> tuple[np.ndarray, list[str]]:
     """Class ids (``int64 [n]``) and class names of ``column`` (``ClassLabel`` or plain values)."""
     if column not in dataset.column_names:
-        raise ValueError(
+        raise ConfigError(
             f"{column!r} is not a column of the dataset (columns: {dataset.column_names})"
         )
     values = column_values(dataset, column)
@@ -301,7 +306,7 @@ def standardize_columns(
     first = next(iter(dataset_dict.values()))
     image_column = find_image_column(first, image_column)
     if label_column not in first.column_names:
-        raise ValueError(
+        raise ConfigError(
             f"label_column={label_column!r} is not a column of the dataset (columns: "
             f"{first.column_names}); pass the name of the label column"
         )
@@ -309,7 +314,7 @@ def standardize_columns(
     renames = {src: dst for src, dst in renames.items() if src != dst}
     clashes = [dst for src, dst in renames.items() if dst in first.column_names and dst not in renames]
     if clashes:
-        raise ValueError(
+        raise ConfigError(
             f"label_column/image_column: cannot rename {renames} because the dataset already "
             f"has column(s) {clashes}; pass the column that holds the labels/images"
         )
@@ -324,7 +329,7 @@ def require_splits(dataset_dict: datasets.DatasetDict, splits: Sequence[str], wh
     """Raise a ``ValueError`` naming ``where`` if a required split is missing."""
     missing = [s for s in splits if s not in dataset_dict]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"{where}: the dataset has splits {list(dataset_dict)} but {list(splits)} are "
             f"needed (missing {missing}); an image folder needs the layout "
             f"{'/'.join(splits)} folders, each <split>/<class>/<image>"
@@ -366,7 +371,7 @@ def _match_channels(tensor: torch.Tensor, in_chans: int | None) -> torch.Tensor:
     if channels == 3 and in_chans == 1:  # ITU-R 601-2 luma, as PIL's convert("L")
         weights = torch.tensor([0.299, 0.587, 0.114], dtype=tensor.dtype).view(3, 1, 1)
         return (tensor * weights).sum(dim=0, keepdim=True)
-    raise ValueError(f"in_chans={in_chans}: cannot convert an image with {channels} channels")
+    raise ConfigError(f"in_chans={in_chans}: cannot convert an image with {channels} channels")
 
 
 def _random_crop_flip(image: Any, padding: int) -> Any:
@@ -450,7 +455,7 @@ def image_transform(
         shapes = {tuple(image.shape) for image in images}
         if len(shapes) > 1:
             if size is None:
-                raise ValueError(
+                raise ConfigError(
                     f"image_size: images of one batch have different shapes {sorted(shapes)}; "
                     f"pass image_size=... (or a timm data_config) to resize them to one size"
                 )
@@ -462,7 +467,7 @@ def image_transform(
         else:
             pixels = torch.zeros(0, in_chans or 1, *(size or (1, 1)))
         if mean_t.shape[1] not in (1, pixels.shape[1]):
-            raise ValueError(
+            raise ConfigError(
                 f"mean/std have {mean_t.shape[1]} channels but the images have "
                 f"{pixels.shape[1]}; pass in_chans={mean_t.shape[1]} or matching mean/std"
             )
@@ -483,13 +488,13 @@ def _check_size(image_size: int | tuple[int, int] | None) -> tuple[int, int] | N
         return None
     size = (image_size, image_size) if isinstance(image_size, (int, np.integer)) else tuple(image_size)
     if len(size) != 2 or any(isinstance(s, bool) or int(s) < 1 for s in size):
-        raise ValueError(f"image_size must be a positive int or (height, width), got {image_size!r}")
+        raise ConfigError(f"image_size must be a positive int or (height, width), got {image_size!r}")
     return int(size[0]), int(size[1])
 
 
 def _check_padding(padding: int) -> int:
     if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
-        raise ValueError(f"padding must be an int >= 0 (random-crop padding in pixels), got {padding!r}")
+        raise ConfigError(f"padding must be an int >= 0 (random-crop padding in pixels), got {padding!r}")
     return int(padding)
 
 
@@ -557,7 +562,7 @@ def resolve_data_config(
         if not isinstance(model, torch.nn.Module) or not (
             getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"data_config: {type(model_or_config).__name__} is not a timm model (no "
                 f"pretrained_cfg); pass image_size=... instead, or a data-config dict"
             )
@@ -572,14 +577,14 @@ def resolve_data_config(
         args = {k: v for k, v in model_or_config.items() if v is not None}
         unknown = sorted(set(args) - set(_TIMM_KEYS) - {"img_size", "in_chans", "chans"})
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"data_config has unknown keys {unknown}; expected some of {list(_TIMM_KEYS)}"
             )
         input_size = args.get("input_size")
         channels = int(input_size[0]) if input_size is not None and len(input_size) == 3 else 3
         for key in ("mean", "std"):  # timm asserts on a mismatch; resolve it (or fail) here
             if key in args and len(tuple(args[key])) not in (1, channels):
-                raise ValueError(
+                raise ConfigError(
                     f"data_config[{key!r}] has {len(tuple(args[key]))} values but input_size has "
                     f"{channels} channels; give one value per channel"
                 )
@@ -590,19 +595,19 @@ def resolve_data_config(
         )
     input_size = tuple(int(s) for s in config["input_size"])
     if len(input_size) != 3 or min(input_size) < 1:
-        raise ValueError(f"data_config['input_size'] must be (C, H, W) > 0, got {config['input_size']}")
+        raise ConfigError(f"data_config['input_size'] must be (C, H, W) > 0, got {config['input_size']}")
     mean = tuple(float(v) for v in config["mean"])
     std = tuple(float(v) for v in config["std"])
     if in_chans is not None and int(in_chans) != input_size[0]:
         in_chans = int(in_chans)
         if in_chans not in (1, 3):
-            raise ValueError(f"in_chans must be 1 or 3, got {in_chans}")
+            raise ConfigError(f"in_chans must be 1 or 3, got {in_chans}")
         input_size = (in_chans, *input_size[1:])
         if len(mean) != in_chans:
             mean = (sum(mean) / len(mean),) * in_chans
             std = (sum(std) / len(std),) * in_chans
     if len(mean) != input_size[0] or len(std) != input_size[0] or min(std) <= 0:
-        raise ValueError(
+        raise ConfigError(
             f"data_config: mean {mean} / std {std} must have {input_size[0]} values each, std > 0"
         )
     config.update(input_size=input_size, mean=mean, std=std)
@@ -693,7 +698,7 @@ def set_image_transforms(
         :func:`~hf_fedflat.data.transforms.without_transform`.
     """
     if data_config is not None and image_size is not None:
-        raise ValueError(
+        raise ConfigError(
             "image_size and data_config were both given; data_config sets the input size, "
             "pass only one of them"
         )

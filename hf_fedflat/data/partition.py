@@ -52,7 +52,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from ..field_checks import fail
+from ..field_checks import ConfigError, fail
 from ..runtime.datasets import select_rows  # (re-exported: hf_fedflat.data.select_rows)
 
 __all__ = [
@@ -110,13 +110,13 @@ class ClientPartition:
         self.class_names = [str(name) for name in self.class_names]
         expected = (len(self.client_indices), len(self.class_names))
         if self.label_counts.shape != expected:
-            raise ValueError(
+            raise ConfigError(
                 f"label_counts has shape {self.label_counts.shape}, expected "
                 f"(num_clients, num_classes) = {expected}"
             )
         self._sizes = [int(idx.size) for idx in self.client_indices]
         if self.label_counts.sum(axis=1).tolist() != self._sizes:
-            raise ValueError("label_counts rows must sum to the client sizes")
+            raise ConfigError("label_counts rows must sum to the client sizes")
 
     @property
     def num_clients(self) -> int:
@@ -151,7 +151,7 @@ class ClientPartition:
         if not 0 <= int(client_id) < self.num_clients:
             raise IndexError(f"client_id={client_id} is out of range [0, {self.num_clients})")
         if self.num_rows is not None and len(dataset) != self.num_rows:
-            raise ValueError(
+            raise ConfigError(
                 f"this partition was made on a dataset of {self.num_rows} rows but got one "
                 f"of {len(dataset)} rows: pass the split that was partitioned (e.g. the "
                 f"train split, not the test split)"
@@ -261,7 +261,7 @@ class ClientPartition:
 def _read_labels(dataset: datasets.Dataset, label_column: str) -> tuple[np.ndarray, list[str]]:
     """Label ids (int64, ``[n]``) and class names, read without running any transform."""
     if label_column not in dataset.column_names:
-        raise ValueError(
+        raise ConfigError(
             f"label_column={label_column!r} is not a column of the dataset "
             f"(columns: {dataset.column_names}); pass the name of the label column"
         )
@@ -270,14 +270,14 @@ def _read_labels(dataset: datasets.Dataset, label_column: str) -> tuple[np.ndarr
     # Format the whole column at once: datasets 4's lazy column is read row by row otherwise (~10x slower).
     values = np.asarray(dataset.select_columns([label_column]).with_format("numpy")[:][label_column])
     if values.ndim != 1:
-        raise ValueError(
+        raise ConfigError(
             f"label_column={label_column!r} must hold one scalar label per row, got "
             f"values of shape {values.shape}"
         )
     if isinstance(feature, datasets.ClassLabel):
         ids = values.astype(np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= feature.num_classes):
-            raise ValueError(
+            raise ConfigError(
                 f"label_column={label_column!r} has ids outside [0, {feature.num_classes}) "
                 f"(e.g. -1 for missing labels); filter those rows out before partitioning"
             )
@@ -306,15 +306,15 @@ def natural_id_partition(dataset: datasets.Dataset, partition_by: str, *, label_
         ValueError: ``partition_by`` is not a column, or holds a missing (null) id.
     """
     if partition_by not in dataset.column_names:
-        raise ValueError(f"partition_by: {partition_by!r} is not a column of the dataset (columns: {dataset.column_names}).")
+        raise ConfigError(f"partition_by: {partition_by!r} is not a column of the dataset (columns: {dataset.column_names}).")
     n = len(dataset)
     if n == 0:
-        raise ValueError("dataset is empty: nothing to partition")
+        raise ConfigError("dataset is empty: nothing to partition")
     # The whole column in one formatted batch: datasets 4's lazy column is read row by row otherwise (765k FEMNIST
     # rows: 95 s instead of under a second).
     ids_column = dataset.select_columns([partition_by]).with_format(None)[:][partition_by]
     if any(v is None for v in ids_column):
-        raise ValueError(f"partition_by: {partition_by!r} has missing (null) ids; fill or drop those rows first.")
+        raise ConfigError(f"partition_by: {partition_by!r} has missing (null) ids; fill or drop those rows first.")
     ids, class_names = _read_labels_if_any(dataset, label_column)
     client_indices = _natural_id_indices([str(v) for v in ids_column])
     owner = np.full(n, -1, dtype=np.int64)
@@ -409,10 +409,10 @@ def partition_dataset(
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"dataset must be a datasets.Dataset, got {type(dataset).__name__}")
     if scheme not in SCHEMES:
-        raise ValueError(f"scheme={scheme!r} is unknown; choose one of {list(SCHEMES)}")
+        raise ConfigError(f"scheme={scheme!r} is unknown; choose one of {list(SCHEMES)}")
     n = len(dataset)
     if n == 0:
-        raise ValueError("dataset is empty: nothing to partition")
+        raise ConfigError("dataset is empty: nothing to partition")
     num_clients = _check_int(
         "num_clients", num_clients, 1, n,
         f"the training data has {n} rows, and every client needs one: use at most {n} clients",
@@ -428,14 +428,14 @@ def partition_dataset(
     uses_alpha = scheme in ("dirichlet", "inner_dirichlet")
     if uses_alpha:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
-            raise ValueError(f"alpha must be a number > 0, got {alpha!r}")
+            raise ConfigError(f"alpha must be a number > 0, got {alpha!r}")
         if not np.isfinite(alpha) or alpha <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"alpha={alpha} must be a finite number > 0 (Dirichlet concentration; "
                 f"e.g. 0.1 very skewed, 0.3 skewed, 100 nearly IID)"
             )
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+        raise ConfigError(f"seed must be an int, got {seed!r}")
 
     ids, class_names = (_read_labels_if_any if scheme in LABEL_FREE_SCHEMES else _read_labels)(dataset, label_column)
     present = np.unique(ids)
@@ -465,7 +465,7 @@ def partition_dataset(
 
     sizes = np.array([idx.size for idx in client_indices])
     if sizes.min() < min_partition_size:
-        raise ValueError(
+        raise ConfigError(
             f"scheme={scheme!r} gave a client {sizes.min()} rows, below "
             f"min_partition_size={min_partition_size}; lower min_partition_size or use "
             f"fewer clients"
@@ -545,20 +545,20 @@ def _run_partitioner(
         except ValueError as err:
             msg = str(err)
             if scheme == "dirichlet" and "max number of attempts" in msg:
-                raise ValueError(
+                raise ConfigError(
                     f"dirichlet partition could not give each of the {num_clients} clients "
                     f"min_partition_size={min_partition_size} rows with alpha={alpha} in 11 "
                     f"draws; lower min_partition_size, raise alpha or use fewer clients"
                 ) from err
             if scheme == "inner_dirichlet" and "NaN" in msg:
-                raise ValueError(
+                raise ConfigError(
                     f"inner_dirichlet partition failed with alpha={alpha}: a client's class "
                     f"prior put all its mass on classes already used up (happens for very "
                     f"small alpha); raise alpha (e.g. >= 0.05) or change the seed"
                 ) from err
             if scheme == "pathological":
                 msg = msg.split(" Please ")[0].rstrip(".")  # drop advice naming flwr-only options
-                raise ValueError(
+                raise ConfigError(
                     f"pathological partition with num_clients={num_clients} and "
                     f"classes_per_client={classes_per_client} failed: {msg}; lower num_clients or "
                     f"classes_per_client"

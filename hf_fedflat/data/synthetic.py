@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from .leaf import LeafClients, choose_users, contiguous_partition, read_leaf
+from ..field_checks import ConfigError
 
 __all__ = ["SYNTHETIC_DIM", "SYNTHETIC_NUM_CLASSES", "SyntheticParameters", "generate_synthetic", "load_synthetic",
            "synthetic_clients", "synthetic_transform", "write_synthetic_leaf"]
@@ -62,7 +63,7 @@ def _check(name: str, value, *, low: float = 0.0, integer: bool = False) -> None
     ok = not isinstance(value, bool) and isinstance(value, (int, np.integer) if integer else (int, float, np.number))
     if not ok or not np.isfinite(value) or value < low:
         kind = "an integer" if integer else "a number"
-        raise ValueError(f"{name} must be {kind} >= {low}, got {value!r}")
+        raise ConfigError(f"{name} must be {kind} >= {low}, got {value!r}")
 
 
 def generate_synthetic(
@@ -140,7 +141,7 @@ def synthetic_clients(alpha: float = 1.0, beta: float = 1.0, *, num_users: int =
     """Synthetic(alpha, beta) as clients: client ``k`` trains on its first ``floor(train_fraction n_k)`` samples;
     every client's remaining samples, pooled, are the test split (``test_partition`` per client)."""
     if not 0.0 < float(train_fraction) < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1) (FedProx: 0.9), got {train_fraction!r}")
+        raise ConfigError(f"train_fraction must be in (0, 1) (FedProx: 0.9), got {train_fraction!r}")
     clients, _ = generate_synthetic(alpha, beta, num_users=num_users, iid=iid, seed=seed)
     users = [f"f_{k:05d}" for k in range(num_users)]
     train, test = [], []
@@ -158,19 +159,19 @@ def synthetic_from_leaf(root: str | os.PathLike, *, max_clients: int | None = No
         features = np.asarray(x, dtype=np.float32)
         labels = np.asarray(y, dtype=np.int64).reshape(-1)
         if features.ndim != 2 and features.size:
-            raise ValueError(f"x must be one list of floats per sample, got shape {features.shape}")
+            raise ConfigError(f"x must be one list of floats per sample, got shape {features.shape}")
         if labels.size and labels.min() < 0:
-            raise ValueError("y must be class ids >= 0")
+            raise ConfigError("y must be class ids >= 0")
         return features.reshape(len(labels), -1), labels
 
     keep = (lambda users: choose_users(users, max_clients, seed)) if max_clients else None
     data = read_leaf(root, convert=convert, keep_users=keep)
     dims = {x.shape[1] for x, _ in [*data.train.values(), *data.test.values()] if len(x)}
     if len(dims) > 1:
-        raise ValueError(f"{root}: samples of different lengths {sorted(dims)}; every x must have the same length.")
+        raise ConfigError(f"{root}: samples of different lengths {sorted(dims)}; every x must have the same length.")
     users = list(data.train)
     if data.split_by == "user":
-        raise ValueError(f"{root}: train and test hold different users; synthetic's clients are split by sample.")
+        raise ConfigError(f"{root}: train and test hold different users; synthetic's clients are split by sample.")
     return _assemble(users, [data.train[u] for u in users], [data.test[u] for u in users], seed)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+from ..field_checks import ConfigError
 
 __all__ = ["TINY_IMAGENET_HUB", "TINY_IMAGENET_MEAN", "TINY_IMAGENET_STD", "find_tiny_imagenet_root",
            "load_tiny_imagenet", "read_val_annotations", "read_wnid_names", "tiny_imagenet_from_folder",
@@ -55,7 +56,7 @@ def read_wnid_names(root: str | os.PathLike) -> tuple[list[str], list[str]]:
     root = Path(root)
     wnids = [line.strip() for line in (root / "wnids.txt").read_text().splitlines() if line.strip()]
     if len(set(wnids)) != len(wnids):
-        raise ValueError(f"{root / 'wnids.txt'}: a class id is listed twice.")
+        raise ConfigError(f"{root / 'wnids.txt'}: a class id is listed twice.")
     words: dict[str, str] = {}
     words_file = root / "words.txt"
     if words_file.is_file():
@@ -89,12 +90,12 @@ def read_val_annotations(root: str | os.PathLike, wnids: list[str]) -> list[tupl
             continue
         fields = line.split("\t")
         if len(fields) < 2:
-            raise ValueError(f"{path}:{number}: expected '<file>\\t<wnid>\\t<box>', got {line!r}.")
+            raise ConfigError(f"{path}:{number}: expected '<file>\\t<wnid>\\t<box>', got {line!r}.")
         name, wnid = fields[0].strip(), fields[1].strip()
         if wnid not in index:
-            raise ValueError(f"{path}:{number}: class {wnid!r} of {name} is not in wnids.txt.")
+            raise ConfigError(f"{path}:{number}: class {wnid!r} of {name} is not in wnids.txt.")
         if name in seen:
-            raise ValueError(f"{path}:{number}: {name} is annotated twice.")
+            raise ConfigError(f"{path}:{number}: {name} is annotated twice.")
         seen.add(name)
         out.append((name, index[wnid]))
     missing = [name for name, _ in out if not (root / "val" / "images" / name).is_file()]

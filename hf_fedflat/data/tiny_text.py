@@ -22,6 +22,7 @@ import json
 import os
 import random
 from pathlib import Path
+from ..field_checks import ConfigError
 
 __all__ = [
     "NEGATIVE_WORDS",
@@ -112,7 +113,7 @@ def write_sentiment_data(root: str | os.PathLike, *, train_rows: int = 96, test_
         elif fmt == "jsonl":
             (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         else:
-            raise ValueError(f"fmt: save_to_disk, csv or jsonl, got {fmt!r}")
+            raise ConfigError(f"fmt: save_to_disk, csv or jsonl, got {fmt!r}")
     return str(root)
 
 
@@ -144,7 +145,7 @@ def train_word_tokenizer(style: str = "gpt", corpus: list[str] | None = None, mo
 
     corpus = _corpus() if corpus is None else corpus
     if style not in ("bert", "gpt"):
-        raise ValueError(f"style: bert or gpt, got {style!r}")
+        raise ConfigError(f"style: bert or gpt, got {style!r}")
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if style == "bert" else ["<pad>", "<unk>", "<eos>"]
     tok = Tokenizer(models.WordLevel(unk_token=specials[1]))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -167,7 +168,7 @@ def write_tiny_model(path: str | os.PathLike, architecture: str = "bert", *, num
     import transformers
 
     if architecture not in ("bert", "gpt2", "llama"):
-        raise ValueError(f"architecture: bert, gpt2 or llama, got {architecture!r}")
+        raise ConfigError(f"architecture: bert, gpt2 or llama, got {architecture!r}")
     tokenizer = tokenizer or train_word_tokenizer("bert" if architecture == "bert" else "gpt")
     common = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
     if architecture == "bert":

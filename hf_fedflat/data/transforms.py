@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 import torch.nn.functional as F
+from ..field_checks import ConfigError
 
 __all__ = [
     "image_classification_transform",
@@ -55,7 +56,7 @@ def to_image_tensor(images: Any) -> torch.Tensor:
         items = [np.asarray(image) for image in images]  # PIL -> HxW(xC) uint8 arrays
         shapes = {item.shape for item in items}
         if len(shapes) > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"images in one batch must share a shape to be resized together, got "
                 f"{sorted(shapes)}; resize them to a common size first (e.g. in a "
                 f"`dataset.map`) or use a per-image transform"
@@ -66,7 +67,7 @@ def to_image_tensor(images: Any) -> torch.Tensor:
     elif array.ndim == 4:  # [B, H, W, C] -> [B, C, H, W]
         array = array.transpose(0, 3, 1, 2)
     else:
-        raise ValueError(
+        raise ConfigError(
             f"expected a batch of HxW or HxWxC images (3-D or 4-D batch), got a "
             f"{array.ndim}-D batch of shape {array.shape}"
         )
@@ -80,9 +81,9 @@ def to_image_tensor(images: Any) -> torch.Tensor:
 def _per_channel(value: float | Sequence[float], name: str) -> torch.Tensor:
     values = [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
     if not values:
-        raise ValueError(f"{name} must be a number or a non-empty sequence of numbers")
+        raise ConfigError(f"{name} must be a number or a non-empty sequence of numbers")
     if name == "std" and any(v <= 0 for v in values):
-        raise ValueError(f"std must be > 0 for every channel, got {values}")
+        raise ConfigError(f"std must be > 0 for every channel, got {values}")
     return torch.tensor(values, dtype=torch.float32).view(1, -1, 1, 1)
 
 
@@ -125,7 +126,7 @@ def image_classification_transform(
     """
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     if len(size) != 2 or any(int(s) < 1 for s in size):
-        raise ValueError(f"image_size must be a positive int or (height, width), got {image_size!r}")
+        raise ConfigError(f"image_size must be a positive int or (height, width), got {image_size!r}")
     size = (int(size[0]), int(size[1]))
     mean_t = _per_channel(mean, "mean")
     std_t = _per_channel(std, "std")
@@ -138,7 +139,7 @@ def image_classification_transform(
             )
         pixels = to_image_tensor(batch[image_column])
         if pixels.shape[1] not in (1, mean_t.shape[1]) and mean_t.shape[1] != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"mean/std have {mean_t.shape[1]} channels but the images have "
                 f"{pixels.shape[1]}"
             )

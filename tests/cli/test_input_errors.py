@@ -45,11 +45,13 @@ def files(tmp_path_factory):
     (root / "broken.yaml").write_text("num_rounds: [1\n  fed_algorithm: : :\n")
     (root / "number.yaml").write_text("fed_algorithm: 5\n")
     (root / "a_folder").mkdir()
+    (root / "no_images").mkdir()
     return {"bert": tiny_bert_dir(root / "bert"),
             "empty_cell_csv": labelled("empty_cell.csv", ["0", "1", "", "1"] * 4),
             "none_jsonl": str(none_jsonl), "mixed_csv": labelled("mixed.csv", ["0", "1", "negative", "positive"] * 4),
             "broken_yaml": str(root / "broken.yaml"), "number_yaml": str(root / "number.yaml"),
-            "missing_yaml": str(root / "missing.yaml"), "folder": str(root / "a_folder")}
+            "missing_yaml": str(root / "missing.yaml"), "folder": str(root / "a_folder"),
+            "no_images": str(root / "no_images")}
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +88,14 @@ CASES = [
      r"fed_algorithm='5' is not a known algorithm\."),
     ("image_size 0", "train", lambda f: [*DIGITS, "--image_size", "0"],
      r"image_size: must be an integer >= 1, got 0\."),
+    ("image folder without images", "train", lambda f: ["--dataset_name", "cifar10", "--data_dir", f["no_images"]],
+     r"data_dir: .*no_images holds no image files"),
+    ("Shakespeare texts folder without plays", "train",
+     lambda f: ["--dataset_name", "shakespeare", "--data_dir", f["no_images"]],
+     r"texts_dir='.*no_images' holds no \*_gut\.txt file"),
+    ("pathological split with more classes than the data has", "train",
+     lambda f: [*DIGITS, "--partition_scheme", "pathological", "--classes_per_client", "50"],
+     r"classes_per_client: 50 must be in \[1, 10\]"),
     ("quickstart: image_size 0", "quickstart", lambda f: [*QUICK, "--image_size", "0"],
      r"image_size: must be an integer >= 1, got 0\."),
     ("quickstart: unknown model_name", "quickstart", lambda f: [*QUICK, "--model_name", "nope_net"],
