@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .auto import TASKS, check_task
+from ..field_checks import ConfigError
 
 __all__ = ["ModelArguments"]
 
@@ -64,15 +65,15 @@ class ModelArguments:
 
     def __post_init__(self):
         if not isinstance(self.image_size, int) or self.image_size < 1:
-            raise ValueError(f"image_size: must be an integer >= 1, got {self.image_size!r}.")
+            raise ConfigError(f"image_size: must be an integer >= 1, got {self.image_size!r}.")
         check_task(self.task)
         if self.task is not None and self.model_name_or_path is None:
-            raise ValueError("task: applies to --model_name_or_path (a transformers model); --model_name models "
+            raise ConfigError("task: applies to --model_name_or_path (a transformers model); --model_name models "
                              "know their task.")
         if self.model_dtype not in ("float32", "bfloat16", "float16", "auto"):
-            raise ValueError(f"model_dtype: must be one of float32, bfloat16, float16, auto; got {self.model_dtype!r}.")
+            raise ConfigError(f"model_dtype: must be one of float32, bfloat16, float16, auto; got {self.model_dtype!r}.")
         if isinstance(self.model_name_or_path, str) and not self.model_name_or_path.strip():
-            raise ValueError("model_name_or_path: empty; give a Hub id or a local folder, or leave it unset.")
+            raise ConfigError("model_name_or_path: empty; give a Hub id or a local folder, or leave it unset.")
         if self.model_name_or_path is None:  # an unknown name: refused now, before any data loads
             from .factory import available_models
             from .backbones import check_model_name
@@ -89,7 +90,7 @@ class ModelArguments:
         try:
             value = json.loads(self.model_kwargs)
         except json.JSONDecodeError as error:
-            raise ValueError(f"model_kwargs: not valid JSON ({error}); write e.g. '{{\"depth\": 2}}'.") from None
+            raise ConfigError(f"model_kwargs: not valid JSON ({error}); write e.g. '{{\"depth\": 2}}'.") from None
         if not isinstance(value, dict):
-            raise ValueError(f"model_kwargs: must be a JSON object, got {type(value).__name__}.")
+            raise ConfigError(f"model_kwargs: must be a JSON object, got {type(value).__name__}.")
         return value

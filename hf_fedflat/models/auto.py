@@ -33,6 +33,7 @@ import json
 import os
 from collections.abc import Sequence
 from typing import Any
+from ..field_checks import ConfigError
 
 __all__ = [
     "AUTO_CLASS_NAMES",
@@ -85,7 +86,7 @@ _DTYPES = ("float32", "bfloat16", "float16", "auto")
 def check_task(task: str | None) -> None:
     """``ValueError`` naming the choices when ``task`` is not one of :data:`TASKS` (None passes)."""
     if task is not None and task not in TASKS:
-        raise ValueError(f"task: must be one of {', '.join(TASKS)}, got {task!r}.")
+        raise ConfigError(f"task: must be one of {', '.join(TASKS)}, got {task!r}.")
 
 
 def task_from_architectures(config: Any) -> str | None:
@@ -140,7 +141,7 @@ def resolve_task(model_args: Any, data_task: str | None = None) -> str:
     if task is None and data_task in TASKS:
         task = data_task
     if task is None:
-        raise ValueError(
+        raise ConfigError(
             f"task: cannot tell the task of {model_args.model_name_or_path!r} from its architectures "
             f"{config.get('architectures')}; pass --task with one of {', '.join(TASKS)}."
         )
@@ -185,7 +186,7 @@ def _dtype(name: str):
     import torch
 
     if name not in _DTYPES:
-        raise ValueError(f"model_dtype: must be one of {', '.join(_DTYPES)}, got {name!r}.")
+        raise ConfigError(f"model_dtype: must be one of {', '.join(_DTYPES)}, got {name!r}.")
     return name if name == "auto" else getattr(torch, name)
 
 
@@ -221,10 +222,10 @@ def build_auto_model(
     config_kwargs: dict[str, Any] = {}
     if label_names is not None:
         if task == "causal-lm":
-            raise ValueError("label_names: a causal LM has no class labels (the tokens are its labels).")
+            raise ConfigError("label_names: a causal LM has no class labels (the tokens are its labels).")
         names = [str(n) for n in label_names]
         if len(set(names)) != len(names):
-            raise ValueError(f"label_names: must be distinct, got {names}.")
+            raise ConfigError(f"label_names: must be distinct, got {names}.")
         config_kwargs = {"num_labels": len(names), "id2label": dict(enumerate(names)),
                          "label2id": {name: i for i, name in enumerate(names)}}
     elif num_labels is not None and task != "causal-lm":

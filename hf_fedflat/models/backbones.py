@@ -30,7 +30,7 @@ import timm
 import torch
 from torch import nn
 
-from ..field_checks import fail
+from ..field_checks import ConfigError, fail
 from .norms import batchnorm_modules
 from .small_cnn import SmallCNN
 
@@ -128,7 +128,7 @@ def _build_small_cnn(
     **kwargs: Any,
 ) -> nn.Module:
     if pretrained and pretrained_path is None:
-        raise ValueError("small_cnn has no published pretrained weights: pass pretrained_path=<local file>")
+        raise ConfigError("small_cnn has no published pretrained weights: pass pretrained_path=<local file>")
     model = SmallCNN(num_classes=num_classes, in_chans=in_chans, image_size=image_size, **kwargs)
     if pretrained_path is not None:
         # timm's loader reads .safetensors and torch files alike and strips "module." prefixes.
@@ -155,7 +155,7 @@ def _build_fedgam_cnn(
     """
     fixed = sorted(set(kwargs) - {"dropout"})
     if fixed:
-        raise ValueError(
+        raise ConfigError(
             f"fedgam_cnn fixes the paper's layer sizes; {', '.join(fixed)} cannot be set. Use "
             "create_model('small_cnn', ...) to change them."
         )
@@ -177,7 +177,7 @@ def _create_timm(
 ) -> nn.Module:
     """``timm.create_model`` with local weights and ``img_size`` passed only where accepted."""
     if "img_size" in kwargs:
-        raise ValueError("pass the input resolution as image_size=..., not img_size in model_kwargs")
+        raise ConfigError("pass the input resolution as image_size=..., not img_size in model_kwargs")
     if pretrained_path is not None:
         cfg = {k: timm.models.get_pretrained_cfg_value(name, k) for k in ("classifier", "first_conv", "input_size")}
         kwargs["pretrained_cfg_overlay"] = _local_weights_overlay(pretrained_path, cfg, num_classes)
@@ -243,7 +243,7 @@ def _build_resnet18_gn(
         **kwargs: Passed to ``timm.create_model("resnet18", ...)`` (e.g. ``drop_rate``).
     """
     if "norm_layer" in kwargs:
-        raise ValueError("resnet18_gn fixes norm_layer to GroupNorm; choose the groups with gn_groups=...")
+        raise ConfigError("resnet18_gn fixes norm_layer to GroupNorm; choose the groups with gn_groups=...")
     model = timm.create_model(
         "resnet18",
         pretrained=False,
@@ -299,9 +299,9 @@ def _build_logistic(
     **kwargs: Any,
 ) -> nn.Module:
     if kwargs:
-        raise ValueError(f"logistic has no options; got {', '.join(sorted(kwargs))}.")
+        raise ConfigError(f"logistic has no options; got {', '.join(sorted(kwargs))}.")
     if pretrained and pretrained_path is None:
-        raise ValueError("logistic has no published pretrained weights: pass pretrained_path=<local file>")
+        raise ConfigError("logistic has no published pretrained weights: pass pretrained_path=<local file>")
     model = LogisticRegression(num_classes, in_chans * image_size * image_size)
     if pretrained_path is not None:
         model.load_state_dict(timm.models.load_state_dict(pretrained_path), strict=True)

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from .backbones import CUSTOM_MODELS, build_backbone, check_model_name
 from .modeling import FedFlatClassifierConfig, FedFlatImageClassifier
 from .next_char import LEAF_VOCAB_SIZE, TEXT_MODELS
+from ..field_checks import ConfigError
 
 __all__ = ["FEDFLAT_SUBFOLDER", "available_models", "create_model", "load_model", "MODEL_CLASSES"]
 
@@ -110,9 +111,9 @@ def create_model(
             pretrained=pretrained, pretrained_path=pretrained_path, **model_kwargs,
         )
     if num_classes is None:
-        raise ValueError(f"num_classes is required for image models, e.g. create_model({name!r}, num_classes=10)")
+        raise ConfigError(f"num_classes is required for image models, e.g. create_model({name!r}, num_classes=10)")
     if vocab_size is not None:
-        raise ValueError(f"vocab_size applies to next-character models only; {name!r} is an image model")
+        raise ConfigError(f"vocab_size applies to next-character models only; {name!r} is an image model")
     default_chans, default_size = _IMAGE_DEFAULTS.get(name, _DEFAULT_IMAGE)
     try:
         json.dumps(model_kwargs)
@@ -153,15 +154,15 @@ def _create_text_model(
     """Build a next-character model from the config fields given as keyword arguments."""
     for arg, value in (("in_chans", in_chans), ("image_size", image_size)):
         if value is not None:
-            raise ValueError(f"{arg} applies to image models only; {name!r} reads character ids (input_ids)")
+            raise ConfigError(f"{arg} applies to image models only; {name!r} reads character ids (input_ids)")
     if pretrained and pretrained_path is None:
-        raise ValueError(f"pretrained: {name} has no published weights; pass pretrained_path=<local weights file>")
+        raise ConfigError(f"pretrained: {name} has no published weights; pass pretrained_path=<local weights file>")
     config_class, model_class = TEXT_MODELS[name]
     field_types = {f.name: f.type for f in dataclasses.fields(config_class) if f.name in config_class.__annotations__}
     options = sorted(set(field_types) - {"vocab_size", "num_classes"})
     unknown = sorted(set(model_kwargs) - set(options))
     if unknown:
-        raise ValueError(f"{', '.join(unknown)}: not an option of {name}; its options are {', '.join(options)}")
+        raise ConfigError(f"{', '.join(unknown)}: not an option of {name}; its options are {', '.join(options)}")
     for key, value in model_kwargs.items():
         # `@strict` rejects an int for a float field (dropout=0); the intent is unambiguous.
         if field_types[key] is float and isinstance(value, int) and not isinstance(value, bool):
@@ -238,7 +239,7 @@ def load_model(
         _verify_saved_folder(path)
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         if base_model is None:
-            raise ValueError(
+            raise ConfigError(
                 f"base_model: {path!r} holds a LoRA adapter, not a full model; pass the model it was trained on, "
                 "e.g. load_model(path, base_model=create_model(...)), or save with lora_save='merged'"
             )
@@ -249,7 +250,7 @@ def load_model(
         with quiet_peft():
             return PeftModel.from_pretrained(base_model, path, **kwargs)
     if base_model is not None:
-        raise ValueError(f"base_model: {path!r} holds a full model, not a LoRA adapter; leave base_model unset")
+        raise ConfigError(f"base_model: {path!r} holds a full model, not a LoRA adapter; leave base_model unset")
     if os.path.isfile(os.path.join(path, FEDFLAT_SUBFOLDER, "config.json")):
         path = os.path.join(path, FEDFLAT_SUBFOLDER)  # a timm-layout final model: hf_fedflat's files are in here
     config_file = os.path.join(path, "config.json")
@@ -258,7 +259,7 @@ def load_model(
     with open(config_file, encoding="utf-8") as f:
         model_type = json.load(f).get("model_type")
     if model_type not in MODEL_CLASSES:
-        raise ValueError(
+        raise ConfigError(
             f"{config_file}: model_type {model_type!r} is not an hf_fedflat model ({', '.join(MODEL_CLASSES)})"
         )
     kwargs.setdefault("local_files_only", True)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from ..field_checks import ConfigError
 
 __all__ = [
     "DEFAULT_LORA_TARGET_MODULES",
@@ -111,13 +112,13 @@ class LoraArguments:
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_r, bool) or not isinstance(self.lora_r, int) or self.lora_r < 1:
-            raise ValueError(f"lora_r must be a positive integer, got {self.lora_r!r}")
+            raise ConfigError(f"lora_r must be a positive integer, got {self.lora_r!r}")
         if isinstance(self.lora_alpha, bool) or not isinstance(self.lora_alpha, (int, float)) or self.lora_alpha <= 0:
-            raise ValueError(f"lora_alpha must be a positive number, got {self.lora_alpha!r}")
+            raise ConfigError(f"lora_alpha must be a positive number, got {self.lora_alpha!r}")
         if not isinstance(self.lora_dropout, (int, float)) or not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+            raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
         if not isinstance(self.lora_target_modules, str) or not self.lora_target_modules.strip():
-            raise ValueError(
+            raise ConfigError(
                 f"lora_target_modules must be a non-empty string (a regular expression or comma-separated "
                 f"module names), got {self.lora_target_modules!r}"
             )
@@ -125,7 +126,7 @@ class LoraArguments:
             try:
                 re.compile(self.lora_target_modules)
             except re.error as err:
-                raise ValueError(
+                raise ConfigError(
                     f"lora_target_modules {self.lora_target_modules!r} is not a valid regular expression: {err}"
                 ) from err
         if self.lora_modules_to_save is not None:
@@ -133,9 +134,9 @@ class LoraArguments:
                 self.lora_modules_to_save = [s.strip() for s in self.lora_modules_to_save.split(",") if s.strip()]
             bad = [m for m in self.lora_modules_to_save if not isinstance(m, str) or not m.strip()]
             if bad:
-                raise ValueError(f"lora_modules_to_save must be module names, got {self.lora_modules_to_save!r}")
+                raise ConfigError(f"lora_modules_to_save must be module names, got {self.lora_modules_to_save!r}")
         if self.lora_save not in LORA_SAVE_CHOICES:
-            raise ValueError(f"lora_save must be one of {', '.join(LORA_SAVE_CHOICES)}, got {self.lora_save!r}")
+            raise ConfigError(f"lora_save must be one of {', '.join(LORA_SAVE_CHOICES)}, got {self.lora_save!r}")
 
     def target_modules(self) -> str | list[str]:
         """``lora_target_modules`` in peft's form: a regex string, a list of suffixes, or ``"all-linear"``."""
@@ -288,7 +289,7 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
     from peft.tuners.tuners_utils import check_target_module_exists
 
     if is_peft_model(model):
-        raise ValueError("model: already wrapped by peft; apply_lora expects the plain model from create_model")
+        raise ConfigError("model: already wrapped by peft; apply_lora expects the plain model from create_model")
     from .auto import PEFT_TASK_TYPES, check_task, is_auto_model
 
     check_task(task)
@@ -303,7 +304,7 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
     elif lora_args.lora_modules_to_save is None:
         modules_to_save = classification_head_names(model)
         if not modules_to_save:
-            raise ValueError(
+            raise ConfigError(
                 f"lora_modules_to_save: cannot tell which module of {type(model).__name__} is the classification "
                 f"head; name it (e.g. ['head']), or pass [] to train the adapters alone. Its layers include: "
                 f"{_linear_names(model)}"
@@ -313,7 +314,7 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
         names = [n for n, _ in model.named_modules()]
         missing = [m for m in modules_to_save if not any(n == m or n.endswith("." + m) for n in names)]
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"lora_modules_to_save: {', '.join(missing)} matches no module of {type(model).__name__}; its "
                 f"layers include: {_linear_names(model)}"
             )
@@ -330,7 +331,7 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
     if config.target_modules != "all-linear":
         targets = [n for n, _ in model.named_modules() if n and check_target_module_exists(config, n)]
         if not targets:
-            raise ValueError(
+            raise ConfigError(
                 f"lora_target_modules: {lora_args.lora_target_modules!r} matches no module of "
                 f"{type(model).__name__}. Give a regular expression fully matching module names or a "
                 f"comma-separated list of name suffixes; its layers include: {_linear_names(model)}"
@@ -365,12 +366,12 @@ def save_federated_model(model: nn.Module, directory: str | os.PathLike, lora_sa
         ValueError: Unknown ``lora_save``, or ``"adapter"`` for a model without adapters.
     """
     if lora_save not in LORA_SAVE_CHOICES:
-        raise ValueError(f"lora_save must be one of {', '.join(LORA_SAVE_CHOICES)}, got {lora_save!r}")
+        raise ConfigError(f"lora_save must be one of {', '.join(LORA_SAVE_CHOICES)}, got {lora_save!r}")
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     if not is_peft_model(model):
         if lora_save == "adapter":
-            raise ValueError("lora_save='adapter' needs a model wrapped by apply_lora; this one has no adapters")
+            raise ConfigError("lora_save='adapter' needs a model wrapped by apply_lora; this one has no adapters")
         model.save_pretrained(directory)
         return directory
     if lora_save == "adapter":

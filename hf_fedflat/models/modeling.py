@@ -40,6 +40,7 @@ from transformers import initialization as hf_init
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from .backbones import build_backbone
+from ..field_checks import ConfigError
 
 __all__ = ["FedFlatClassifierConfig", "FedFlatImageClassifier"]
 
@@ -83,7 +84,7 @@ class FedFlatClassifierConfig(PreTrainedConfig):
             kwargs.setdefault("num_labels", self.num_classes)
         super().__post_init__(**kwargs)
         if self.num_labels != self.num_classes:
-            raise ValueError(f"num_labels={self.num_labels} disagrees with num_classes={self.num_classes}")
+            raise ConfigError(f"num_labels={self.num_labels} disagrees with num_classes={self.num_classes}")
 
 
 class FedFlatImageClassifier(PreTrainedModel):

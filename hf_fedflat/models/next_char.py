@@ -41,6 +41,7 @@ from transformers import (
 )
 from transformers import initialization as hf_init
 from transformers.modeling_outputs import SequenceClassifierOutput
+from ..field_checks import ConfigError
 
 __all__ = [
     "CharLSTMConfig",
@@ -58,13 +59,13 @@ LEAF_VOCAB_SIZE = 80
 def _check_positive(**values) -> None:
     for name, value in values.items():
         if value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value}")
+            raise ConfigError(f"{name} must be a positive integer, got {value}")
 
 
 def _check_probability(**values) -> None:
     for name, value in values.items():
         if not 0.0 <= value < 1.0:
-            raise ValueError(f"{name} must be in [0, 1), got {value}")
+            raise ConfigError(f"{name} must be in [0, 1), got {value}")
 
 
 class _NextCharConfigMixin:
@@ -80,7 +81,7 @@ class _NextCharConfigMixin:
 
     def _check_num_labels(self) -> None:
         if self.num_labels != self.num_classes:
-            raise ValueError(f"num_labels={self.num_labels} disagrees with num_classes={self.num_classes}")
+            raise ConfigError(f"num_labels={self.num_labels} disagrees with num_classes={self.num_classes}")
 
 
 @strict
@@ -152,9 +153,9 @@ class CharTransformerConfig(_NextCharConfigMixin, PreTrainedConfig):
         _check_positive(max_length=self.max_length, d_model=self.d_model, num_layers=self.num_layers,
                         num_heads=self.num_heads)
         if self.d_model % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide d_model={self.d_model}")
+            raise ConfigError(f"num_heads={self.num_heads} must divide d_model={self.d_model}")
         if self.mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
+            raise ConfigError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
         _check_probability(dropout=self.dropout)
         super().__post_init__(**kwargs)
         self._check_num_labels()
@@ -192,7 +193,7 @@ class _NextCharModel(PreTrainedModel):
                 sequence.
         """
         if input_ids.ndim != 2 or input_ids.is_floating_point():
-            raise ValueError(
+            raise ConfigError(
                 f"input_ids must be integer character ids of shape (batch, length), got "
                 f"{input_ids.dtype} {tuple(input_ids.shape)}"
             )
@@ -200,7 +201,7 @@ class _NextCharModel(PreTrainedModel):
         loss = None
         if labels is not None:
             if labels.shape != logits.shape[:1]:
-                raise ValueError(
+                raise ConfigError(
                     f"labels must hold one next-character id per sequence, shape ({logits.shape[0]},), got "
                     f"{tuple(labels.shape)}"
                 )
@@ -362,7 +363,7 @@ class CharTransformerModel(_NextCharModel):
         """
         length = input_ids.shape[1]
         if length > self.config.max_length:
-            raise ValueError(
+            raise ConfigError(
                 f"input_ids has length {length} > max_length={self.config.max_length}; build the model "
                 f"with max_length={length} or shorter windows"
             )

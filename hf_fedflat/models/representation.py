@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+from ..field_checks import ConfigError
 
 
 def representation_module(model: nn.Module) -> nn.Module:
@@ -43,7 +44,7 @@ def representation_module(model: nn.Module) -> nn.Module:
         if isinstance(module, nn.Linear):
             last = module
     if last is None:
-        raise ValueError(f"{type(model).__qualname__} has no classification head to read a representation from "
+        raise ConfigError(f"{type(model).__qualname__} has no classification head to read a representation from "
                          "(no timm get_classifier(), no nn.Linear): set model.representation_module to the module "
                          "whose input is the representation.")
     return last
@@ -55,7 +56,7 @@ def pool(features: torch.Tensor, attention_mask: Any = None) -> torch.Tensor:
     if features.dim() == 2:
         return features
     if features.dim() < 2:
-        raise ValueError(f"A representation needs a batch and a feature dimension, got shape {tuple(features.shape)}.")
+        raise ConfigError(f"A representation needs a batch and a feature dimension, got shape {tuple(features.shape)}.")
     if (features.dim() == 3 and isinstance(attention_mask, torch.Tensor)
             and tuple(attention_mask.shape) == tuple(features.shape[:2])):
         mask = attention_mask.to(features.dtype).unsqueeze(-1)

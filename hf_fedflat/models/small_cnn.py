@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from ..field_checks import ConfigError
 
 __all__ = ["SmallCNN"]
 
@@ -60,12 +61,12 @@ class SmallCNN(nn.Module):
         super().__init__()
         conv_channels = tuple(int(c) for c in conv_channels)
         if len(conv_channels) != 2:
-            raise ValueError(f"conv_channels must have two entries, got {conv_channels!r}")
+            raise ConfigError(f"conv_channels must have two entries, got {conv_channels!r}")
         if kernel_size % 2 != 1:
-            raise ValueError(f"kernel_size must be odd to keep 'same' padding, got {kernel_size}")
+            raise ConfigError(f"kernel_size must be odd to keep 'same' padding, got {kernel_size}")
         feat = _pooled_size(int(image_size), 2)
         if feat < 1:
-            raise ValueError(f"image_size={image_size} is too small for two 2x2 max-pools")
+            raise ConfigError(f"image_size={image_size} is too small for two 2x2 max-pools")
 
         self.num_classes = int(num_classes)
         self.in_chans = int(in_chans)

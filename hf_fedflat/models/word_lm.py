@@ -29,6 +29,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.modeling_outputs import CausalLMOutput
+from ..field_checks import ConfigError
 
 __all__ = ["LEAF_REDDIT_VOCAB_SIZE", "WordLSTMConfig", "WordLSTMModel"]
 
@@ -67,14 +68,14 @@ class WordLSTMConfig(PreTrainedConfig):
             self.num_classes = self.vocab_size
         for name in ("vocab_size", "num_classes", "embedding_dim", "hidden_size", "num_layers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.num_classes != self.vocab_size:
-            raise ValueError(f"num_classes={self.num_classes} must equal vocab_size={self.vocab_size}: the model "
+            raise ConfigError(f"num_classes={self.num_classes} must equal vocab_size={self.vocab_size}: the model "
                              "predicts a token of its own vocabulary")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.init_scale > 0:
-            raise ValueError(f"init_scale must be positive, got {self.init_scale}")
+            raise ConfigError(f"init_scale must be positive, got {self.init_scale}")
         # no num_labels = vocab_size (as transformers' causal LMs): 10,000 LABEL_i names would fill config.json;
         # input checks bound token labels by get_output_embeddings() instead
         super().__post_init__(**kwargs)
@@ -128,13 +129,13 @@ class WordLSTMModel(PreTrainedModel):
             ValueError: ``input_ids`` is not a 2-D integer tensor, or ``labels`` has another shape.
         """
         if input_ids.ndim != 2 or input_ids.is_floating_point():
-            raise ValueError(f"input_ids must be integer token ids of shape (batch, length), got {input_ids.dtype} "
+            raise ConfigError(f"input_ids must be integer token ids of shape (batch, length), got {input_ids.dtype} "
                              f"{tuple(input_ids.shape)}")
         logits = self.head(self.forward_features(input_ids))
         loss = None
         if labels is not None:
             if labels.shape != input_ids.shape:
-                raise ValueError(f"labels must hold one next-token id (or -100) per position, shape "
+                raise ConfigError(f"labels must hold one next-token id (or -100) per position, shape "
                                  f"{tuple(input_ids.shape)}, got {tuple(labels.shape)}")
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)),
                                    labels.reshape(-1).to(device=logits.device, dtype=torch.long),
