@@ -332,7 +332,7 @@ class RecordLog:
 
     ``min_interval_seconds``: a ``write(..., force=False)`` within that time of the last write leaves the records
     pending (for the next write or :meth:`flush`). The rename that makes a rewrite atomic costs ~0.2-0.5 ms here,
-    2% of a 30 ms round (workload 6 of issue 20); rounds that short need no file that is newer than a second.
+    2% of a 30 ms round (workload 6, ``benchmarks/user_data.py``); rounds that short need no file that is newer than a second.
     """
 
     def __init__(self, path: str | os.PathLike, root: str | os.PathLike | None = None,

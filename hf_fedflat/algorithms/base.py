@@ -1,6 +1,6 @@
 """The three kinds of pieces an algorithm is composed of, the values they exchange, and all a piece file imports.
 
-An algorithm is ``perturbation x corrections x aggregator`` (see ALGORITHMS.md). Pieces hold only
+An algorithm is ``perturbation x corrections x aggregator`` (see docs/algorithms.md). Pieces hold only
 hyperparameters; all state goes in and comes back out explicitly (optax style), so the client-state
 store, checkpoints and the multi-process exchange all handle the same plain ``dict[str, Tensor]``.
 

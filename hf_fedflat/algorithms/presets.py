@@ -1,4 +1,4 @@
-"""The named algorithms, server and decentralized, one registry line each (see ALGORITHMS.md, "Named algorithms"
+"""The named algorithms, server and decentralized, one registry line each (see docs/algorithms.md, "Presets"
 and "Decentralized").
 
 Any server preset also takes the FedGH plug-in as a suffix: ``fedlesam_s+fedgh``. Defaults apply only to fields
