@@ -1,5 +1,5 @@
 """The named algorithms, server and decentralized, one registry line each (see docs/algorithms.md, "Presets"
-and "Decentralized").
+and "Decentralized methods").
 
 Any server preset also takes the FedGH plug-in as a suffix: ``fedlesam_s+fedgh``. Defaults apply only to fields
 the user left unset.
