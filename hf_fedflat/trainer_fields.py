@@ -250,6 +250,24 @@ def _report_to(name, value, args):
     if unknown:
         fail(name, f"{', '.join(map(repr, unknown))} is not a reporting integration; use 'none', 'all' or "
                    f"{', '.join(INTEGRATION_TO_CALLBACK)}.")
+    # transformers would fail on a missing package only when the Trainer is built, after the data has loaded
+    from transformers.integrations import integration_utils
+
+    missing = [n for n in names if n in _INTEGRATION_AVAILABLE
+               and not getattr(integration_utils, _INTEGRATION_AVAILABLE[n], lambda: True)()]
+    if missing:
+        fail(name, f"{', '.join(map(repr, missing))} is not installed here; install its package or leave it out "
+                   "of report_to.")
+
+
+#: report_to name -> transformers' check that the integration's package is installed
+_INTEGRATION_AVAILABLE = {
+    "azure_ml": "is_azureml_available", "clearml": "is_clearml_available", "codecarbon": "is_codecarbon_available",
+    "comet_ml": "is_comet_available", "dagshub": "is_dagshub_available", "dvclive": "is_dvclive_available",
+    "flyte": "is_flytekit_available", "kubeflow": "is_kubeflow_available", "mlflow": "is_mlflow_available",
+    "neptune": "is_neptune_available", "swanlab": "is_swanlab_available", "tensorboard": "is_tensorboard_available",
+    "trackio": "is_trackio_available", "wandb": "is_wandb_available",
+}
 
 
 def _mixed_precision(name, value, args):

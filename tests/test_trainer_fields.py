@@ -235,3 +235,17 @@ def test_help_marks_the_refused_fields(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert ("--num_train_epochs FLOAT Refused by federated runs unless left at its default: set local_epochs" in text)
+
+
+@pytest.mark.parametrize("integration, available", [("wandb", "is_wandb_available"),
+                                                    ("trackio", "is_trackio_available")])
+def test_a_report_to_integration_that_is_not_installed_is_refused_before_data_loads(
+        tmp_path, monkeypatch, integration, available):
+    from transformers.integrations import integration_utils
+
+    monkeypatch.setattr(integration_utils, available, lambda: False)
+    with pytest.raises(ValueError, match=rf"^report_to: '{integration}' is not installed here"):
+        FedTrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, report_to=["tensorboard", integration])
+    monkeypatch.setattr(integration_utils, available, lambda: True)  # installed: accepted
+    assert integration in FedTrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True,
+                                               report_to=integration).report_to
