@@ -28,6 +28,15 @@ class TinyClassifier(nn.Module):
         return out
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models: one intra-op thread (on a shared 2-core machine, two threads made a BERT step 30x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make_tiny_dataset(n: int = 8, in_features: int = 4, num_classes: int = 3, seed: int = 0) -> datasets.Dataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, in_features, generator=g)

@@ -41,13 +41,7 @@ PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a respo
                    "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread (on a shared 2-core machine, two threads made a BERT step 30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one intra-op thread
 
 
 @pytest.fixture(scope="module")

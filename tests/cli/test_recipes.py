@@ -7,7 +7,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from helpers import REPO_ROOT, help_text, load_recipe
 
@@ -138,13 +137,6 @@ def test_quickstart_and_compare_algorithms_take_smoke(tmp_path):
     assert (tmp_path / "compare" / "results.md").exists()
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models: one intra-op thread (on a shared 2-core machine, two threads made a BERT step 30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_text_recipes_smoke_offline(tmp_path, one_thread):

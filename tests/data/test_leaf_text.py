@@ -34,12 +34,7 @@ COMMON = ["--num_rounds", "2", "--clients_per_round", "2", "--local_steps", "3",
 P = "<PAD>"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one intra-op thread
 
 
 def write_json(path: Path, users: list[str], num_samples: list[int], user_data: dict) -> None:
