@@ -95,8 +95,8 @@ def _digest(items) -> str:
 
 
 def model_fingerprint(model) -> dict[str, Any]:
-    """Class, ``config.model_type``, trainable parameter count and SHA-256 of the ``state_dict``'s names, shapes and
-    dtypes; for a peft (LoRA) model also the adapters' settings."""
+    """Class, ``config.model_type`` and SHA-256 of the ``state_dict``'s names, shapes and dtypes; for a peft (LoRA)
+    model also the adapters' settings (the trainable parameter count is the trainer's ``space.numel``)."""
     inner = model
     values: dict[str, Any] = {}
     peft_config = getattr(model, "peft_config", None)
@@ -108,7 +108,6 @@ def model_fingerprint(model) -> dict[str, Any]:
                           for name, cfg in sorted(peft_config.items())}
     values["model_class"] = type(inner).__name__
     values["model_type"] = getattr(getattr(inner, "config", None), "model_type", None)
-    values["num_parameters"] = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
     values["parameters_sha256"] = _digest((name, tuple(t.shape), str(t.dtype))
                                           for name, t in model.state_dict().items())
     return values

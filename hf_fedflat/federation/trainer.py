@@ -210,7 +210,7 @@ class FederatedTrainer(TrainerAPI):
         class and parameter names/shapes/dtypes digest, the data's row count and partition digest, the strategy's
         settings and :attr:`experiment_fingerprint`."""
         # (the arguments the user gave first: a refusal names the first value that differs)
-        extra = {**self.experiment_fingerprint, **model_fingerprint(self.model), "num_parameters": self.space.numel,
+        extra = {**self.experiment_fingerprint, "num_parameters": self.space.numel, **model_fingerprint(self.model),
                  **partition_fingerprint(self.partition, self.train_dataset)}
         # Under LoRA a checkpoint holds adapters + head only: resuming is right only on the same frozen base.
         if any(not p.requires_grad for p in self.model.parameters()):
