@@ -119,12 +119,15 @@ def client_order(job: Job, round_index: int, client_id: int, size: int) -> torch
     return batches[:steps]
 
 
-def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
+def run_plain(w: Workload, before_round: RoundGate = no_gate,
+              evaluate: Callable[[torch.nn.Module], dict] | None = None) -> RunTiming:
     """FedAvg as a plain PyTorch loop: SGD on the trainable parameters, clipping, size-weighted mean.
 
     On ``job.device`` (batches copied there as fetched), the forward under bf16 autocast with ``job.bf16`` as the
     Trainer's ``bf16=True`` puts it (the loss too; the backward outside); a GPU round ends with a synchronize, as the
-    library's ends reading the updates back."""
+    library's ends reading the updates back. ``evaluate(model)``, when given, runs on the new global weights at the
+    end of every round, inside its timing (as the library evaluates every ``eval_every_n_rounds``); its results
+    go to ``timing.extra["eval_per_round"]``."""
     job = w.job
     device = torch.device(job.device)
     on_cpu = device.type == "cpu"  # (then the loop makes no call more than it did before it took a device)
@@ -162,6 +165,9 @@ def run_plain(w: Workload, before_round: RoundGate = no_gate) -> RunTiming:
                 steps += 1
             total.add_(torch.nn.utils.parameters_to_vector(params).detach() - global_params, alpha=weight)
         global_params = global_params + total
+        if evaluate is not None:
+            load_flat(params, global_params)
+            timing.extra.setdefault("eval_per_round", []).append(evaluate(model))
         if device.type == "cuda":
             torch.cuda.synchronize()
         timing.round_seconds.append(time.perf_counter() - start)
