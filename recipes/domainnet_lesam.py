@@ -17,7 +17,7 @@ DEFAULTS = [
     "--dataset_name", "domainnet", "--held_out_domain", "sketch", "--clients_per_domain", "1",
     "--num_clients", "5", "--participation_fraction", "1.0",
     "--model_name", "vit_base_patch32_224", "--pretrained", "true", "--image_size", "224",
-    "--fed_algorithm", "fedlesam", "--learning_rate", "0.001", "--local_epochs", "5",
+    "--fed_algorithm", "fedlesam", "--optim", "sgd", "--learning_rate", "0.001", "--local_epochs", "5",
     "--per_device_train_batch_size", "32", "--num_rounds", "400", "--output_dir", "outputs/domainnet_lesam",
     "--save_every_n_rounds", "20",
 ]

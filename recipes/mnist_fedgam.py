@@ -18,7 +18,8 @@ DEFAULTS = [
     "--dataset_name", "mnist", "--model_name", "fedgam_cnn", "--image_size", "28",
     "--fed_algorithm", "fedgam", "--num_clients", "100", "--participation_fraction", "0.1",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.3",
-    "--learning_rate", "0.01", "--local_epochs", "5", "--per_device_train_batch_size", "32", "--num_rounds", "200",
+    "--optim", "sgd", "--learning_rate", "0.01", "--local_epochs", "5", "--per_device_train_batch_size", "32",
+    "--num_rounds", "200",
     "--diagnostics", "train_accuracy", "--output_dir", "outputs/mnist_fedgam", "--save_every_n_rounds", "20",
 ]
 SMOKE = [

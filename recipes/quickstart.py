@@ -33,7 +33,8 @@ logger = logging.getLogger("quickstart")
 # Recipe defaults; a --config file and the flags given win over them.
 DEFAULTS = [
     "--output_dir", "outputs/quickstart", "--num_clients", "20", "--clients_per_round", "10",
-    "--num_rounds", "30", "--local_epochs", "1", "--learning_rate", "0.05", "--per_device_train_batch_size", "16",
+    "--num_rounds", "30", "--local_epochs", "1", "--optim", "sgd", "--learning_rate", "0.05",
+    "--per_device_train_batch_size", "16",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.3", "--seed", "42", "--eval_every_n_rounds", "1",
 ]
 # --smoke: a run of seconds (offline, like everything here)

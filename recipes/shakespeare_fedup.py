@@ -18,7 +18,8 @@ from hf_fedflat.cli.recipes import run_recipe
 
 DEFAULTS = [
     "--dataset_name", "shakespeare", "--model_name", "char_lstm", "--fed_algorithm", "fedup",
-    "--num_clients", "806", "--clients_per_round", "10", "--learning_rate", "0.8", "--per_device_train_batch_size", "10",
+    "--num_clients", "806", "--clients_per_round", "10", "--optim", "sgd", "--learning_rate", "0.8",
+    "--per_device_train_batch_size", "10",
     "--local_epochs", "1", "--num_rounds", "200", "--eval_every_n_rounds", "5",
     "--output_dir", "outputs/shakespeare_fedup", "--save_every_n_rounds", "20",
 ]

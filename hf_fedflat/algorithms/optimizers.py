@@ -13,19 +13,33 @@ only. A piece declares it with class attributes::
 :func:`check_optimizer_compatibility` (called by ``FedTrainingArguments`` validation) refuses a run that pairs an
 ``"error"`` piece with another optimizer or with SGD momentum/Nesterov, and warns (:class:`OptimizerAssumptionWarning`)
 for a ``"warn"`` piece. The policies and their evidence are listed in the README ("Optimizer compatibility").
+
+:func:`resolve_local_optimizer` fills ``optim`` and ``learning_rate`` when the user left them unset: the papers' plain
+SGD at 0.01 for the built-in models, the Trainer's AdamW at 5e-5 (LoRA: 2e-4) for transformers and timm models, and
+plain SGD whatever the model for an algorithm with a piece that assumes it (docs/configuration.md, "Local optimizer
+and learning rate").
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["OptimizerAssumptionWarning", "check_optimizer_compatibility", "describe_local_optimizer",
-           "is_plain_sgd", "plain_sgd_pieces"]
+__all__ = ["LORA_LEARNING_RATE", "LocalOptimizer", "OptimizerAssumptionWarning", "PAPERS_LEARNING_RATE",
+           "PAPERS_OPTIMIZER", "TRAINER_LEARNING_RATE", "TRAINER_OPTIMIZER", "check_optimizer_compatibility",
+           "describe_local_optimizer", "is_plain_sgd", "plain_sgd_pieces", "plain_sgd_presets",
+           "resolve_local_optimizer"]
 
 
 _SGD = "sgd"
+#: the federated papers' local optimizer and rate: the built-in models' (small CNN, LSTMs) when left unset
+PAPERS_OPTIMIZER, PAPERS_LEARNING_RATE = _SGD, 0.01
+#: what ``transformers.Trainer`` gives a transformers user: AdamW (torch) at 5e-5 for full fine-tuning
+TRAINER_OPTIMIZER, TRAINER_LEARNING_RATE = "adamw_torch", 5e-5
+#: AdamW's rate for LoRA adapters: a zero-initialised low-rank update moves little at 5e-5 (peft's and QLoRA's
+#: examples train adapters at 1e-4 to 2e-4; the LLM LoRA recipe uses 2e-4)
+LORA_LEARNING_RATE = 2e-4
 
 
 class OptimizerAssumptionWarning(UserWarning):
@@ -94,11 +108,81 @@ def check_optimizer_compatibility(pieces: Iterable[type], optim: Any, optim_args
         if policy == "error":
             raise ValueError(
                 f"optim: {piece.name!r} assumes plain SGD on the clients ({reason}), but the local optimizer is "
-                f"{used}. Use --optim sgd without momentum in --optim_args, or an algorithm without {piece.name!r} "
-                "(e.g. fedavg, fedprox or a SAM-type one work with AdamW)."
+                f"{used}. Use --optim sgd without momentum in --optim_args (left unset, optim is sgd for this "
+                f"algorithm, transformers models included), or an algorithm without {piece.name!r} (e.g. fedavg, "
+                "fedprox or a SAM-type one work with AdamW)."
             )
         message = (f"{piece.name!r} assumes plain SGD on the clients ({reason}); the local optimizer is {used}, "
                    "so its formula holds only approximately.")
         warnings.warn(message, OptimizerAssumptionWarning, stacklevel=3)
         messages.append(message)
     return messages
+
+
+def plain_sgd_presets() -> list[str]:
+    """The registered presets with a piece that assumes plain SGD (they keep ``sgd`` when ``optim`` is unset)."""
+    from .composed import resolve_parts
+    from .registry import AGGREGATORS, CORRECTIONS, PERTURBATIONS, list_algorithms, split_plugins
+
+    names = []
+    for name in list_algorithms():
+        perturbation, corrections, aggregator = resolve_parts(name, None, None, None)
+        pieces = [PERTURBATIONS[perturbation], *(CORRECTIONS[c] for c in corrections),
+                  AGGREGATORS[split_plugins(aggregator)[0]]]
+        if plain_sgd_pieces(pieces):
+            names.append(name)
+    return names
+
+
+class LocalOptimizer(NamedTuple):
+    """The local optimizer a run uses, and where its unset values came from."""
+
+    optim: str
+    learning_rate: float
+    #: a few words per value filled in (``""`` when both were given)
+    note: str = ""
+    #: the pieces for which an unset optim stayed sgd on a trainer-conventions model (they assume plain SGD)
+    kept_sgd_for: tuple[str, ...] = ()
+
+
+def resolve_local_optimizer(optim: Any, learning_rate: float | None, *, trainer_conventions: bool,
+                            use_lora: bool = False, pieces: Iterable[type] = ()) -> LocalOptimizer:
+    """``optim`` and ``learning_rate`` with the unset ones (``None``) filled in for the model and the algorithm.
+
+    Args:
+        optim, learning_rate: what the user gave; ``None`` = not given (on the command line, in the config file
+            or as a keyword).
+        trainer_conventions: the model is a transformers model (``--model_name_or_path``) or a timm model given
+            by name, trained the way a transformers user expects; False for the built-in models (small CNN,
+            ResNet-18-GN, LSTMs), trained as in the federated papers.
+        use_lora: LoRA adapters are trained (a higher AdamW rate).
+        pieces: the run's piece classes; one that assumes plain SGD keeps ``sgd`` for an unset ``optim``.
+
+    Returns:
+        :class:`LocalOptimizer`. An unset ``optim`` is ``adamw_torch`` with ``trainer_conventions`` (unless a piece
+        assumes plain SGD), else ``sgd``. An unset ``learning_rate`` follows the optimizer: 0.01 for SGD (the
+        papers'), and for another optimizer on a trainer-conventions model the Trainer's 5e-5 (LoRA: 2e-4); the
+        built-in models keep 0.01.
+    """
+    notes, kept = [], ()
+    if optim is None:
+        sgd_pieces = list(dict.fromkeys(plain_sgd_pieces(pieces)))
+        if trainer_conventions and sgd_pieces:
+            optim = PAPERS_OPTIMIZER
+            kept = tuple(piece.name for piece in sgd_pieces)
+            notes.append(f"optim sgd, not the AdamW of transformers models: {', '.join(kept)} assumes plain SGD")
+        elif trainer_conventions:
+            optim = TRAINER_OPTIMIZER
+            notes.append("optim adamw_torch: the Trainer's, for transformers and timm models")
+        else:
+            optim = PAPERS_OPTIMIZER
+            notes.append("optim sgd: the papers', for the built-in models")
+    if learning_rate is None:
+        if trainer_conventions and str(getattr(optim, "value", optim)) != _SGD:
+            learning_rate = LORA_LEARNING_RATE if use_lora else TRAINER_LEARNING_RATE
+            notes.append(f"learning_rate {learning_rate:g}: " + ("a LoRA rate" if use_lora else "the Trainer's"))
+        else:
+            learning_rate = PAPERS_LEARNING_RATE
+            notes.append(f"learning_rate {learning_rate:g}: the papers' "
+                         + ("SGD rate" if str(getattr(optim, "value", optim)) == _SGD else "rate, for the built-in models"))
+    return LocalOptimizer(str(getattr(optim, "value", optim)), learning_rate, "; ".join(notes), kept)

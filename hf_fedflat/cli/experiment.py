@@ -110,6 +110,9 @@ def build_experiment(
 ) -> Experiment:
     """Data, model and trainer for one run (nothing is trained yet).
 
+    ``optim`` and ``learning_rate`` left unset in ``args`` are filled in for the model first
+    (:meth:`~hf_fedflat.FedTrainingArguments.apply_model_defaults`: AdamW at 5e-5, LoRA 2e-4, for a transformers
+    or timm model; SGD at 0.01 for the built-in models and for algorithms that assume plain SGD).
     The model is initialised after ``set_seed(args.seed)``: the same seed gives the same initial model,
     so algorithms compared with one seed start from the same weights. ``lora_args``
     (:class:`~hf_fedflat.models.lora.LoraArguments`) wraps it with peft: only adapters and head are then
@@ -120,6 +123,8 @@ def build_experiment(
     from ..federation.reporting import run_entries
     from ..io import refuse_symlinks_in
 
+    # optim / learning_rate the user left unset: AdamW at the Trainer's rate for transformers and timm models
+    args.apply_model_defaults(model_args.follows_trainer_conventions, bool(lora_args is not None and lora_args.use_lora))
     refuse_symlinks_in(args.output_dir, run_entries(args))  # a planted link: refused before data or model load
     from ..federation.run_folder import abandon_run_folder, claim_run_folder, release_run_folder
 

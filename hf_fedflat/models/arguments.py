@@ -81,6 +81,18 @@ class ModelArguments:
             check_model_name(self.model_name, known=available_models())
 
     @property
+    def follows_trainer_conventions(self) -> bool:
+        """Whether the model is trained as a transformers user expects (AdamW at the Trainer's rate when optim and
+        learning_rate are unset): a transformers model (``model_name_or_path``) or a timm model given by name.
+        The built-in models (``available_models()``: small_cnn, fedgam_cnn, resnet18_gn, logistic, the LSTMs and
+        char_transformer) are the federated papers' and keep their SGD."""
+        if self.model_name_or_path:
+            return True
+        from .factory import available_models
+
+        return self.model_name not in available_models()
+
+    @property
     def model_kwargs_dict(self) -> dict[str, Any]:
         """``model_kwargs`` as a dict (the CLI gives a JSON string, YAML may give a mapping)."""
         if self.model_kwargs in (None, ""):
