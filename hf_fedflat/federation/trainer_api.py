@@ -221,7 +221,8 @@ class TrainerAPI:
             ignore_keys, metric_key_prefix: as for ``Trainer.evaluate``.
 
         Returns:
-            The Trainer's metrics (``<prefix>_loss``, ``<prefix>_accuracy``, timings, ...); also appended to
+            The Trainer's metrics (``<prefix>_loss``, ``<prefix>_accuracy``, timings, ...) and ``round`` (rounds
+            done; the local Trainer's ``epoch`` is left out: it means nothing for the global model); also appended to
             :attr:`log_history`. (A tensor as ``eval_dataset`` is the former form: the metrics of those weights,
             see :meth:`evaluate_weights`.)
         """
@@ -237,9 +238,16 @@ class TrainerAPI:
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        metrics = self.client_trainer.evaluate(eval_dataset=dataset, ignore_keys=ignore_keys,
-                                               metric_key_prefix=metric_key_prefix)
-        self._extra_logs.append({**metrics, "step": self.history[-1]["round"] if self.history else 0})
+        metrics = self._with_round(self.client_trainer.evaluate(eval_dataset=dataset, ignore_keys=ignore_keys,
+                                                                metric_key_prefix=metric_key_prefix))
+        self._extra_logs.append({**metrics, "step": metrics["round"]})
+        return metrics
+
+    def _with_round(self, metrics: dict) -> dict:
+        """``metrics`` with the rounds done as ``round`` instead of the local Trainer's ``epoch`` (the fraction of
+        an epoch of the last client's data, meaningless for the global model)."""
+        metrics = {k: v for k, v in metrics.items() if k != "epoch"}
+        metrics["round"] = self.history[-1]["round"] if self.history else 0
         return metrics
 
     def evaluate_weights(self, params: torch.Tensor | None = None, buffers: torch.Tensor | None = None,
@@ -257,8 +265,10 @@ class TrainerAPI:
     def predict(self, test_dataset, ignore_keys: list[str] | None = None,
                 metric_key_prefix: str = "test") -> PredictionOutput:
         """``Trainer.predict`` on the weights the model holds: ``PredictionOutput(predictions, label_ids,
-        metrics)`` (metrics prefixed ``test_`` by default; ``compute_metrics`` is the trainer's)."""
-        return self.client_trainer.predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+        metrics)`` (metrics prefixed ``test_`` by default, and ``round`` as in :meth:`evaluate`; ``compute_metrics``
+        is the trainer's)."""
+        output = self.client_trainer.predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+        return output._replace(metrics=self._with_round(output.metrics or {}))
 
     # -------------------------------------------------------------------------------------- Hub
     def _check_hub_push(self) -> None:

@@ -198,6 +198,18 @@ def test_predict_returns_prediction_output(trained):
     assert trainer.predict(TEST, metric_key_prefix="final").metrics["final_accuracy"] == by_hand
 
 
+def test_evaluate_and_predict_report_the_round_not_the_local_trainers_epoch(trained, tmp_path):
+    trainer, *_ = trained
+    metrics = trainer.evaluate(eval_dataset=OTHER)
+    predicted = trainer.predict(TEST).metrics
+    for reported in (metrics, predicted):
+        assert "epoch" not in reported and reported["round"] == ROUNDS
+    assert trainer.evaluate({"a": OTHER, "b": TEST})["round"] == ROUNDS
+    # before train(): round 0 (the initial model)
+    untrained = FederatedTrainer(TinyClassifier(), make_args(tmp_path), TRAIN, TEST, label_column="labels")
+    assert untrained.evaluate()["round"] == 0 and "epoch" not in untrained.evaluate()
+
+
 def test_evaluate_without_any_dataset_is_refused(tmp_path):
     trainer = FederatedTrainer(TinyClassifier(), make_args(tmp_path), TRAIN, label_column="labels")
     with pytest.raises(ValueError, match="^evaluate: no eval_dataset given and the trainer has none"):
