@@ -142,8 +142,17 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
     from ..federation.fingerprint import experiment_fingerprint
     from ..hub import HubPushCallback
 
+    from ..metrics.generation import read_prompts
+    from ..metrics.selection import check_metrics, parse_metrics, trainer_metrics
+
     if data_args.smoke and data_args.smoke_dir is None:
         data_args.smoke_dir = os.path.join(args.output_dir, "smoke_data")
+    # --metrics and the generation prompts against the task, before the data loads when the arguments tell the task
+    metric_names = parse_metrics(data_args.metrics)
+    prompts = read_prompts(data_args.generation_prompts, data_args.generation_prompts_file)
+    known_task = _task_before_data(model_args)
+    check_metrics(metric_names, known_task)
+    _check_generation(prompts, model_args, known_task)
     data = load_data(data_args, model_args, data_args.effective_split_seed)  # the data seed, not the run's
     if data.partition is not None and data.partition.num_clients != args.num_clients:
         # the data decides (domains x clients_per_domain, Shakespeare's roles); the rest of args stays
@@ -157,6 +166,8 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
 
         task = resolve_task(model_args, data.task)
         processing_class = processing_class or load_processing_class(model_args, task)
+    check_metrics(metric_names, task)
+    _check_generation(prompts, model_args, task)
     model = build_model(model_args, data, processing_class)
     lora_save = "merged"
     if lora_args is not None and lora_args.use_lora:
@@ -177,10 +188,18 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
                                ("compute_metrics", getattr(data, "compute_metrics", None)),
                                ("preprocess_logits_for_metrics", getattr(data, "preprocess_logits_for_metrics", None)))
              if v is not None}
+    if metric_names:  # the chosen metrics instead of the task's default (hf_fedflat.metrics.selection)
+        extra.update(trainer_metrics(task, metric_names, label_names=getattr(data, "label_names", None),
+                                     compute_metrics=extra.get("compute_metrics"),
+                                     preprocess_logits_for_metrics=extra.get("preprocess_logits_for_metrics")))
     trainer = create_trainer(model, args, data.train, data.eval, partition=data.partition,
                              label_column=data.label_column, callbacks=callbacks, lora_save=lora_save,
                              drop_invalid_rows=data_args.drop_invalid_rows, **extra)
     trainer.model_card_kwargs = card_kwargs
+    if prompts:  # greedy continuations at each evaluation, into the history (hf_fedflat.metrics.generation)
+        from ..metrics.generation import GenerationProbe
+
+        trainer.eval_generation = GenerationProbe(processing_class, prompts, data_args.generation_max_new_tokens)
     # a resume must match these too (its data, model and LoRA arguments): see hf_fedflat.federation.fingerprint
     trainer.experiment_fingerprint, trainer.experiment_settings = experiment_fingerprint(data_args, model_args,
                                                                                          lora_args)
@@ -188,6 +207,38 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
         trainer.data_config = {"mean": tuple(data.mean), "std": tuple(data.std)}
     return Experiment(trainer=trainer, data=data, model=model, args=args, data_args=data_args, model_args=model_args,
                       card_kwargs=card_kwargs)
+
+
+def _task_before_data(model_args: ModelArguments) -> str | None:
+    """The run's task when the arguments tell it without the data: ``--task``, a local model folder's
+    ``config.json``, a named model (``word_lstm``: next-token prediction; the others classify); None otherwise."""
+    if not model_args.model_name_or_path:
+        return "causal-lm" if model_args.model_name == "word_lstm" else "classification"
+    if model_args.task:
+        return model_args.task
+    config = os.path.join(os.path.expanduser(model_args.model_name_or_path), "config.json")
+    if not os.path.isfile(config):
+        return None  # a Hub id: known once the model's config is read, still before training
+    import json
+
+    from ..models.auto import task_from_architectures
+
+    try:
+        with open(config, encoding="utf-8") as f:
+            return task_from_architectures(json.load(f))
+    except (OSError, ValueError):
+        return None
+
+
+def _check_generation(prompts: list[str], model_args: ModelArguments, task: str | None) -> None:
+    """Generation prompts need a transformers causal LM (its ``generate`` and its tokenizer)."""
+    from ..field_checks import ConfigError
+
+    if not prompts:
+        return
+    if not model_args.model_name_or_path or (task is not None and task != "causal-lm"):
+        raise ConfigError(f"generation_prompts: generations are for a transformers causal LM (--model_name_or_path, "
+                          f"task causal-lm); this run's task is {task or model_args.model_name}.")
 
 
 def run_experiment(

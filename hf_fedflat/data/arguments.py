@@ -143,6 +143,31 @@ class DataArguments:
                           ">= num_labels, every label -100, a NaN/Inf input; hf_fedflat.data.input_checks) instead of "
                           "refusing the run; the counts are logged and recorded in data_validation.json."},
     )
+    metrics: str | None = field(
+        default=None,
+        metadata={"help": "Evaluation metrics, comma-separated; unset: the task's default. Classification: accuracy "
+                          "(default), f1, precision, recall (each reported as <name>_macro and <name>_micro), matthews "
+                          "(scikit-learn). Token classification: f1, precision, recall (entity level, seqeval) and "
+                          "accuracy (per token); default all four. Causal LM: perplexity, token_loss, token_accuracy; "
+                          "default all three. Each is eval_<key> in history.json and report_to "
+                          "(hf_fedflat.metrics.selection)."},
+    )
+    generation_prompts: list[str] | None = field(
+        default=None,
+        metadata={"help": "Causal LM: prompts the global model continues greedily at each evaluation, e.g. "
+                          "--generation_prompts 'Once upon a time' 'The answer is'; recorded under 'generations' in "
+                          "history.json (and TensorBoard text). Off by default."},
+    )
+    generation_prompts_file: str | None = field(
+        default=None, metadata={"help": "Causal LM: a text file of generation prompts, one per line (added to "
+                                        "--generation_prompts)."})
+    generation_max_new_tokens: int = field(
+        default=32, metadata={"help": "Causal LM: most tokens generated per prompt (greedy)."})
+    label_all_tokens: bool = field(
+        default=False,
+        metadata={"help": "Token classification: label every sub-token of a word (the continuation sub-tokens of a "
+                          "B- word get its I- tag) instead of its first sub-token only (the rest -100)."},
+    )
 
     def __post_init__(self):
         if not 0.0 < float(self.test_fraction) < 1.0:
@@ -163,6 +188,14 @@ class DataArguments:
         if isinstance(self.synthetic_num_users, bool) or not isinstance(self.synthetic_num_users, int) \
                 or self.synthetic_num_users < 1:
             raise ConfigError(f"synthetic_num_users: must be an integer >= 1, got {self.synthetic_num_users!r}.")
+        from ..metrics.selection import parse_metrics
+
+        parse_metrics(self.metrics)  # an unknown name: refused now, before anything loads
+        if isinstance(self.generation_max_new_tokens, bool) or not isinstance(self.generation_max_new_tokens, int) \
+                or self.generation_max_new_tokens < 1:
+            raise ConfigError(f"generation_max_new_tokens: must be an integer >= 1, got {self.generation_max_new_tokens!r}.")
+        if isinstance(self.generation_prompts, str):  # one prompt given in Python or a YAML file as a string
+            self.generation_prompts = [self.generation_prompts]
         for name in ("max_clients", "max_samples_per_client", "max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

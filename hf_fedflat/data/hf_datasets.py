@@ -420,6 +420,9 @@ def _data_task(model_args: ModelArguments, dataset: datasets.Dataset, data_args:
     from ..models.auto import resolve_task
 
     guess = "causal-lm" if _looks_like_instructions(dataset, data_args) else "text-classification"
+    if (data_args.text_column or "tokens") in dataset.column_names \
+            and (data_args.label_column or "ner_tags") in dataset.column_names:
+        guess = "token-classification"  # words and their tags per row: the Hub's NER layout
     if model_args.model_name_or_path is None:
         raise ConfigError(
             f"model_name_or_path: --dataset_name {data_args.dataset_name!r} is not a registered dataset, so it is "
@@ -438,13 +441,19 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
     ``data_collator``, ``label_names`` (classification), the metrics of the task (causal LM: perplexity and
     token accuracy) and, with ``--partition_by``, the natural-id partition.
     """
+    from .ner import conll_files, load_ner_data
     from .partition import natural_id_partition
 
+    if conll_files(data_args.dataset_name) is not None:  # CoNLL files: token classification (hf_fedflat.data.ner)
+        return load_ner_data(data_args, model_args, seed, processing_class=processing_class)
     raw = load_raw_dataset(data_args.dataset_name, data_args.dataset_config_name)
     task = _data_task(model_args, raw[next(iter(raw))], data_args)
+    if task == "token-classification":
+        return load_ner_data(data_args, model_args, seed, processing_class=processing_class, raw=raw)
     if task not in ("text-classification", "causal-lm"):
-        raise ConfigError(f"task: --dataset_name {data_args.dataset_name!r} is tokenized for text-classification or "
-                         f"causal-lm; {task!r} data needs a registered loader (hf_fedflat.data.catalog).")
+        raise ConfigError(f"task: --dataset_name {data_args.dataset_name!r} is tokenized for text-classification, "
+                         f"token-classification or causal-lm; {task!r} data needs a registered loader "
+                         "(hf_fedflat.data.catalog).")
     if processing_class is None:
         from ..models.auto import load_processing_class
 

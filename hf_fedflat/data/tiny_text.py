@@ -9,8 +9,12 @@ Everything is built here, with no Hub access, in the formats a real run reads:
   rows as in the Alpaca repository (``tatsu-lab/alpaca`` has the same columns).
 * :func:`train_word_tokenizer` -- a word-level ``PreTrainedTokenizerFast`` trained on the data's words and the
   Alpaca template's (BERT-style or GPT-style special tokens).
-* :func:`write_tiny_model` -- a random-init ``BertForSequenceClassification``, ``GPT2LMHeadModel`` or
-  ``LlamaForCausalLM`` (hidden 32, 2 layers) saved with its tokenizer: a ``--model_name_or_path`` folder.
+* :func:`write_tiny_model` -- a random-init ``BertForSequenceClassification``, ``BertForTokenClassification``,
+  ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` (hidden 32, 2 layers) saved with its tokenizer: a
+  ``--model_name_or_path`` folder.
+* :func:`write_conll_data` -- NER sentences as CoNLL files (``train.txt``/``test.txt``: ``word TAG`` lines,
+  ``-DOCSTART-`` between documents), and :func:`train_wordpiece_tokenizer`, a BERT-style tokenizer that splits
+  the longer entity words into sub-words (so the label alignment has work to do).
 
 The sentiment rows carry their label in their words (positive or negative adjectives among neutral ones), and the
 instruction rows ask for a word's opposite or for a short list repeated: a tiny model learns both in a few rounds.
@@ -34,6 +38,9 @@ __all__ = [
     "write_instruction_data",
     "write_sentiment_data",
     "write_tiny_model",
+    "ner_sentences",
+    "train_wordpiece_tokenizer",
+    "write_conll_data",
 ]
 
 POSITIVE_WORDS = ("great", "wonderful", "good", "loved", "fun", "brilliant", "charming", "superb")
@@ -162,20 +169,22 @@ def train_word_tokenizer(style: str = "gpt", corpus: list[str] | None = None, mo
 
 def write_tiny_model(path: str | os.PathLike, architecture: str = "bert", *, num_labels: int = 2, seed: int = 0,
                      hidden_size: int = 32, num_layers: int = 2, tokenizer=None) -> str:
-    """A random-init tiny model (``architecture``: ``bert`` sequence classifier, ``gpt2`` or ``llama`` causal LM)
+    """A random-init tiny model (``architecture``: ``bert`` sequence classifier, ``bert_token_classification``,
+    ``gpt2`` or ``llama`` causal LM)
     and its tokenizer (default :func:`train_word_tokenizer`) saved in ``path``; returns the path."""
     import torch
     import transformers
 
-    if architecture not in ("bert", "gpt2", "llama"):
-        raise ConfigError(f"architecture: bert, gpt2 or llama, got {architecture!r}")
-    tokenizer = tokenizer or train_word_tokenizer("bert" if architecture == "bert" else "gpt")
+    if architecture not in ("bert", "bert_token_classification", "gpt2", "llama"):
+        raise ConfigError(f"architecture: bert, bert_token_classification, gpt2 or llama, got {architecture!r}")
+    tokenizer = tokenizer or train_word_tokenizer("bert" if architecture.startswith("bert") else "gpt")
     common = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    if architecture == "bert":
+    if architecture.startswith("bert"):
         config = transformers.BertConfig(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=2,
                                          intermediate_size=2 * hidden_size, max_position_embeddings=256,
                                          num_labels=num_labels, **common)
-        cls = transformers.BertForSequenceClassification
+        cls = (transformers.BertForSequenceClassification if architecture == "bert"
+               else transformers.BertForTokenClassification)
     elif architecture == "gpt2":
         config = transformers.GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=2, n_positions=256,
                                          bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -193,3 +202,72 @@ def write_tiny_model(path: str | os.PathLike, architecture: str = "bert", *, num
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return os.fspath(path)
+
+
+# --- token classification (NER) -------------------------------------------------------------------
+NER_ENTITIES = {
+    "PER": (("alice",), ("bob", "marley"), ("carol",), ("dave", "johnson"), ("eve",), ("frank", "underwood")),
+    "LOC": (("paris",), ("amsterdam",), ("new", "york"), ("berlin",), ("rotterdam",), ("san", "francisco")),
+    "ORG": (("acme",), ("globex", "corporation"), ("initech",), ("umbrella", "corporation"), ("hooli",)),
+}
+NER_FILLERS = ("yesterday", "today", "the", "team", "met", "visited", "said", "that", "in", "with", "and", "a",
+               "report", "from", "about", "left", "joined", "near")
+
+
+def ner_sentences(n: int, seed: int = 0) -> list[tuple[list[str], list[str]]]:
+    """``n`` sentences ``(words, IOB2 tags)``: 4-8 filler words with 1-3 entities (one or two words, each of the
+    ``PER``/``LOC``/``ORG`` lists); the words alone tell the tags, so a tiny model learns them in a few rounds."""
+    rng = random.Random(seed)
+    sentences = []
+    for _ in range(n):
+        words = [rng.choice(NER_FILLERS) for _ in range(rng.randint(4, 8))]
+        tags = ["O"] * len(words)
+        for _ in range(rng.randint(1, 3)):
+            kind = rng.choice(sorted(NER_ENTITIES))
+            entity = list(rng.choice(NER_ENTITIES[kind]))
+            at = rng.randrange(len(words) + 1)
+            words[at:at] = entity
+            tags[at:at] = [f"B-{kind}"] + [f"I-{kind}"] * (len(entity) - 1)
+        sentences.append((words, tags))
+    return sentences
+
+
+def write_conll_data(root: str | os.PathLike, *, train_sentences: int = 96, test_sentences: int = 32,
+                     sentences_per_document: int = 8, seed: int = 0) -> str:
+    """``root/train.txt`` and ``root/test.txt`` in CoNLL format (``word TAG``, a blank line between sentences,
+    ``-DOCSTART- -X- -X- O`` before every ``sentences_per_document`` sentences); returns ``root``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, n, offset in (("train", train_sentences, 0), ("test", test_sentences, 1)):
+        lines = []
+        for i, (words, tags) in enumerate(ner_sentences(n, seed + offset)):
+            if i % sentences_per_document == 0:
+                lines += ["-DOCSTART- -X- -X- O", ""]
+            lines += [f"{w} {t}" for w, t in zip(words, tags)] + [""]
+        (root / f"{name}.txt").write_text("\n".join(lines), encoding="utf-8")
+    return str(root)
+
+
+def train_wordpiece_tokenizer(model_max_length: int = 128):
+    """A BERT-style WordPiece tokenizer over the NER words: filler words whole, every entity word of more than
+    four letters as its first three letters plus ``##`` continuations (``amsterdam`` -> ``ams ##terdam``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = list(specials) + list(NER_FILLERS) + ["."]
+    for entities in NER_ENTITIES.values():
+        for entity in entities:
+            for word in entity:
+                pieces = [word] if len(word) <= 4 else [word[:3], "##" + word[3:]]
+                vocab += [p for p in pieces if p not in vocab]
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    from tokenizers import decoders
+
+    tok.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=model_max_length)

@@ -51,7 +51,7 @@ _EXPERIMENT_IDENTITY = {
                       "partition_by", "test_fraction", "split_seed", "held_out_domain", "clients_per_domain",
                       "image_column", "label_column", "domain_column", "max_clients", "synthetic_alpha",
                       "synthetic_beta", "synthetic_num_users", "synthetic_iid", "max_samples_per_client", "smoke",
-                      "drop_invalid_rows"),
+                      "drop_invalid_rows", "label_all_tokens"),
     "ModelArguments": ("model_name", "model_name_or_path", "task", "model_dtype", "image_size", "pretrained",
                        "model_kwargs"),
     "LoraArguments": ("use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",

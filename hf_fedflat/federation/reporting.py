@@ -61,7 +61,8 @@ class RoundReporter:
     """Sends one log per round (step = round number) to every ``report_to`` integration.
 
     Reuses transformers' own integration callbacks (TensorBoard, W&B, MLflow, ...), driven with a
-    ``TrainerState`` whose ``global_step`` is the round.
+    ``TrainerState`` whose ``global_step`` is the round. The numbers go to every integration; a causal LM's
+    ``generations`` (prompts and their continuations) to TensorBoard as text.
     """
 
     def __init__(self, args, model=None):
@@ -83,6 +84,13 @@ class RoundReporter:
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         for integration in self.integrations:
             integration.on_log(self.args, self.state, self.control, logs=scalars)
+        generations = metrics.get("generations")
+        if generations:  # a causal LM's sample continuations: text where the logger takes text (TensorBoard)
+            text = "\n\n".join(f"**{g['prompt']}** {g['completion']}" for g in generations)
+            for integration in self.integrations:
+                writer = getattr(integration, "tb_writer", None)
+                if writer is not None:
+                    writer.add_text("eval/generations", text, round_number)
 
     def close(self) -> None:
         if self._started:

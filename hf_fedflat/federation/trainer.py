@@ -185,6 +185,9 @@ class FederatedTrainer(TrainerAPI):
         self.lora_save = lora_save
         self.buffer_space = BufferSpace(self.model) if args.batchnorm_buffers == "average" else None
         self.history: list[dict] = []
+        #: greedy generations from fixed prompts at each evaluation, under ``generations`` in the history (a
+        #: :class:`~hf_fedflat.metrics.generation.GenerationProbe`; None: off)
+        self.eval_generation = None
         self.diagnostics = RunDiagnostics(args, train_dataset, partition.client_indices)
         self.local_training = LocalTraining(self.client_trainer, self.algorithm, args, partition, train_dataset,
                                             self.buffer_space, self.diagnostics)
