@@ -220,8 +220,11 @@ def _apply(trainer, round_index: int, learning_rate: float, updates, failures: d
         updates = []
     trainer.call_callbacks("on_aggregate", round_index, updates)
     if (round_index + 1) % args.eval_every_n_rounds == 0 or round_index + 1 == args.num_rounds:
-        model = strategy.model()
+        model = strategy.evaluation_model()  # (SWA: the averaged model, not the one training continues from)
         params, buffers = model["params"], model.get("buffers")
+        if trainer.eval_generation is not None:  # greedy continuations of fixed prompts (hf_fedflat.metrics.generation)
+            trainer.load_weights(params, buffers)
+            record["generations"] = trainer.eval_generation(trainer.model)
         if trainer.eval_dataset is not None:
             record.update(trainer.evaluate_weights(params, buffers))
             record.update(strategy.evaluate_more(trainer.evaluate_weights))
