@@ -220,7 +220,7 @@ def _apply(trainer, round_index: int, learning_rate: float, updates, failures: d
         updates = []
     trainer.call_callbacks("on_aggregate", round_index, updates)
     if (round_index + 1) % args.eval_every_n_rounds == 0 or round_index + 1 == args.num_rounds:
-        model = strategy.evaluation_model()  # (SWA: the averaged model, not the one training continues from)
+        model = strategy.model()
         params, buffers = model["params"], model.get("buffers")
         if trainer.eval_generation is not None:  # greedy continuations of fixed prompts (hf_fedflat.metrics.generation)
             trainer.load_weights(params, buffers)
