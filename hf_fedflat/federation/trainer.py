@@ -37,6 +37,7 @@ from .loop import run_rounds
 from .outcome import FederatedTrainOutput, TrainingFailedError, write_run_status
 from .reporting import PartitionFilesCallback
 from .run_folder import abandon_run_folder, claim_run_folder, release_run_folder
+from .start_summary import StartSummaryCallback
 from .strategy import ServerStrategy
 from .trainer_api import TrainerAPI, train_metrics
 
@@ -151,7 +152,7 @@ class FederatedTrainer(TrainerAPI):
         #: seconds per client predicted from earlier clients' times (main process; splits rounds across processes)
         self.cost_model = ClientCostModel()
         self._init_trainer_api()
-        self.callbacks = [PartitionFilesCallback(), ModelCardCallback()]
+        self.callbacks = [StartSummaryCallback(), PartitionFilesCallback(), ModelCardCallback()]
         for callback in callbacks or []:
             self.add_callback(callback)
         if args.push_to_hub and not any(isinstance(c, HubPushCallback) for c in self.callbacks):
