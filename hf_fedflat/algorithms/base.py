@@ -62,6 +62,12 @@ class GradientOracle(Protocol):
       the same tensor; read it, do not write into it).
     * ``grad_at.hessian_vector_product(v)`` -> ``(loss, g, H v)`` at ``w`` by double backward (``v`` None: ``H g``);
       counts as two passes. Needs the step's forward-only loss closure: the step raises a ``TypeError`` without one.
+    * ``grad_at.parameter_mask(name_part)`` -> a flat bool vector, True on the entries of the trainable parameters
+      whose name contains ``name_part`` (ASAM's ``"weight"``: weight tensors, not biases); built once per run by the
+      parameter space, then the same tensor: read it, do not write into it.
+    * ``grad_at.bias_scale()`` -> the factor the step's gradients carry besides the loss (loss scale / accumulation
+      steps), as a corrections' non-gradient terms get it: a perturbation whose direction adds a vector that is not
+      a gradient (FedWMSAM's momentum) multiplies that vector by it.
 
     Per-step state (SMOO's ``mu_i``) is replaced in the workspace (``workspace["mu"] = mu + e - s``), not written into:
     on a step that falls back the runtime keeps the old entries.
@@ -72,6 +78,10 @@ class GradientOracle(Protocol):
     def weights(self) -> Tensor: ...
 
     def hessian_vector_product(self, vector: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def parameter_mask(self, name_part: str) -> Tensor: ...
+
+    def bias_scale(self) -> float: ...
 
 
 EPS = 1e-12
@@ -309,11 +319,16 @@ class LossContext:
             (no dropout, batch-norm running statistics neither used for training nor updated), shaped like the
             representation.
         inputs: the micro-batch as the model received it (read-only).
+        outputs_at: ``outputs_at(flat_params)`` -> the model's outputs (its ``logits`` among them) for the same
+            micro-batch at other weights (e.g. FedGMT's moving average of the global models): a forward without
+            gradient in eval mode, as for ``represent_at``, the model's own weights untouched. None where no model is
+            at hand (a test's context).
     """
 
     workspace: Any
     represent_at: Callable[[Tensor], Tensor]
     inputs: Any = None
+    outputs_at: Callable[[Tensor], Any] | None = None
 
 
 class LossTerm(Correction):

@@ -92,6 +92,18 @@ register_preset(AlgorithmSpec(
     "Karimireddy et al., Breaking the centralized barrier for cross-device federated learning (Mime), NeurIPS 2021",
     defaults=UNIFORM))
 
+# --- newer flatness methods: FedASAM --------------------------------------------------------------------------
+register_preset(AlgorithmSpec(
+    "fedasam", "asam", (), "mean",
+    "Local adaptive SAM steps (the ascent step scaled by |w| + eta_a per weight entry), weighted average.",
+    "Caldarola et al., Improving Generalization in Federated Learning by Seeking Flat Minima, ECCV 2022"))
+register_preset(AlgorithmSpec(
+    "fedgmt", "none", ("fedgmt",), "fedgmt",
+    "Distillation towards a moving average of the global models (global sharpness from the trajectory), with "
+    "FedDyn-like linear duals.",
+    "Li et al., One Arrow, Two Hawks: Sharpness-aware Minimization for Federated Learning via Global Model "
+    "Trajectory (FedGMT), ICML 2025"))
+
 # --- decentralized: perturbation x gossip (no server); local step, sampling and gossip are shared code ----------
 #: the seeds' decentralized set-up: every client trains every round (only the server baselines sample 10%)
 FULL = {"decentralized_participation": "full"}

@@ -86,6 +86,12 @@ class _Guarded:
     def weights(self) -> Tensor:
         return self._oracle.weights()
 
+    def parameter_mask(self, name_part: str) -> Tensor:
+        return self._oracle.parameter_mask(name_part)
+
+    def bias_scale(self) -> float:
+        return self._oracle.bias_scale()
+
     def _usable(self, offset: Tensor) -> Tensor:
         total = offset.sum()
         if self._on_host:

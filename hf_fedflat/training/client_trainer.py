@@ -113,8 +113,9 @@ class ClientTrainer(Trainer):
                                                  num_items_in_batch=num_items_in_batch)
         representation = capture.take(mask)
         represent_at = lambda flat: self._represent_at(model, inputs, flat, mask)  # noqa: E731
+        outputs_at = lambda flat: self._outputs_at(inputs, flat)  # noqa: E731
         extra = sum(term.extra_loss(outputs, representation, LossContext(self.workspaces[term.name], represent_at,
-                                                                          inputs)) for term in terms)
+                                                                          inputs, outputs_at)) for term in terms)
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             # the model's loss is already this micro-batch's share of the step (the Trainer does not divide it
             # by the accumulation steps then): give the per-micro-batch mean terms the same share
@@ -176,6 +177,20 @@ class ClientTrainer(Trainer):
             with torch.no_grad(), capture.active():
                 torch.func.functional_call(model, params, args=(), kwargs=inputs, strict=False)
                 return capture.take(mask)
+        finally:
+            model.train(was_training)
+
+    def _outputs_at(self, inputs, flat: torch.Tensor):
+        """The model's outputs for ``inputs`` (without their labels) at the trainable weights ``flat`` (no gradient,
+        eval mode, the model's own weights untouched)."""
+        params = dict(zip(self.space.names, self.space.split(flat.to(self.space.device, self.space.dtype))))
+        inputs = {k: v for k, v in inputs.items() if k != "labels"}
+        model = self.model  # the unwrapped model: the parameter names of self.space
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return torch.func.functional_call(model, params, args=(), kwargs=inputs, strict=False)
         finally:
             model.train(was_training)
 

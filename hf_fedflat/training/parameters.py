@@ -55,6 +55,17 @@ class ParameterSpace:
         self.numel = sum(self.numels)
         self.device = self.params[0].device
         self.dtype = self.params[0].dtype
+        self._masks: dict[str, torch.Tensor] = {}
+
+    def parameter_mask(self, name_part: str) -> torch.Tensor:
+        """A flat bool vector, True on the entries of the parameters whose name contains ``name_part`` (ASAM's
+        ``"weight"``: weight tensors against biases); built on the first call and then the same tensor."""
+        mask = self._masks.get(name_part)
+        if mask is None:
+            mask = torch.cat([torch.full((numel,), name_part in name, dtype=torch.bool, device=self.device)
+                              for name, numel in zip(self.names, self.numels)])
+            self._masks[name_part] = mask
+        return mask
 
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of ``flat`` shaped like the parameters (no copy)."""

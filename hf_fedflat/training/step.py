@@ -63,8 +63,10 @@ class StepOracle:
     """
 
     def __init__(self, space: ParameterSpace, backward: Callable[[], Tensor],
-                 forward: Callable[[], Tensor] | None = None, vectors: VectorSource = new_vectors):
+                 forward: Callable[[], Tensor] | None = None, vectors: VectorSource = new_vectors,
+                 bias_scale: Callable[[], float] = lambda: 1.0):
         self.space, self._backward, self._forward, self._vectors = space, backward, forward, vectors
+        self._bias_scale = bias_scale
         self.passes = 0
         self._weights: Tensor | None = None
 
@@ -89,6 +91,16 @@ class StepOracle:
             buffer = self._vectors("params")
             self._weights = self.space.flatten(out=buffer and buffer[0])
         return self._weights
+
+    def parameter_mask(self, name_part: str) -> Tensor:
+        """Flat bool vector: True on the entries of the parameters whose name contains ``name_part`` (cached by the
+        parameter space for the run)."""
+        return self.space.parameter_mask(name_part)
+
+    def bias_scale(self) -> float:
+        """The factor the step's gradients carry besides the loss's own (loss scale / accumulation steps): a term of
+        the direction that is not a gradient is multiplied by it."""
+        return self._bias_scale()
 
     def hessian_vector_product(self, vector: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``(loss, g, H v)`` at ``w``: one forward (the loss with its graph), ``g`` by ``torch.autograd.grad(...,
@@ -161,7 +173,7 @@ def flat_step(
     # gradients of earlier micro-batches of this step, set aside while the passes run
     earlier_buffer = vectors("earlier")
     earlier = space.grad(out=earlier_buffer and earlier_buffer[0]) if space.has_grad() else None
-    oracle = StepOracle(space, backward, forward, vectors)
+    oracle = StepOracle(space, backward, forward, vectors, bias_scale)
     scale = bias_scale() if algorithm.corrections else 1.0
     perturbation = algorithm.perturbation
     loss, direction = finite_fallback.direction(perturbation, oracle, workspaces[perturbation.name], space.device)

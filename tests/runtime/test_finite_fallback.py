@@ -79,6 +79,12 @@ class TinyOracle:
     def weights(self):
         return self.w
 
+    def parameter_mask(self, name_part):
+        return self.space.parameter_mask(name_part)
+
+    def bias_scale(self):
+        return 1.0
+
     def hessian_vector_product(self, vector=None):
         loss = self._loss_at(None)
         grads = torch.autograd.grad(loss, self.space.params, create_graph=True)
