@@ -15,8 +15,9 @@ from .._lazy import attach, exported_names
 _EXPORTS = {
     ".card": (
         "CARD_NAME", "CURVES_IMAGE", "FEDFLAT_SUBFOLDER", "LAYOUTS", "PART_HYPERPARAMETERS", "PARTITION_IMAGE",
-        "build_model_card", "card_inputs_from_trainer", "detect_layout", "model_card_from_trainer", "write_model_card",
-        "write_model_card_for_trainer",
+        "RUN_CONFIG", "build_model_card", "card_inputs_from_trainer", "detect_layout", "history_metrics",
+        "lora_settings", "lower_is_better", "model_card_from_trainer", "plot_metrics", "primary_metric",
+        "write_model_card", "write_model_card_for_trainer",
     ),
     ".push": (
         "HubAccessError", "HubPushCallback", "ModelCardCallback", "PushResult", "export_for_hub", "hub_repo_name",
@@ -34,10 +35,16 @@ if TYPE_CHECKING:
         LAYOUTS,
         PART_HYPERPARAMETERS,
         PARTITION_IMAGE,
+        RUN_CONFIG,
         build_model_card,
         card_inputs_from_trainer,
         detect_layout,
+        history_metrics,
+        lora_settings,
+        lower_is_better,
         model_card_from_trainer,
+        plot_metrics,
+        primary_metric,
         write_model_card,
         write_model_card_for_trainer,
     )

@@ -35,11 +35,17 @@ __all__ = [
     "LAYOUTS",
     "PARTITION_IMAGE",
     "PART_HYPERPARAMETERS",
+    "RUN_CONFIG",
     "build_model_card",
     "card_inputs_from_trainer",
     "detect_layout",
+    "history_metrics",
+    "lora_settings",
+    "lower_is_better",
     "model_card_from_trainer",
     "pipeline_tag",
+    "plot_metrics",
+    "primary_metric",
     "select_table_rows",
     "write_model_card",
     "write_model_card_for_trainer",
@@ -48,6 +54,8 @@ __all__ = [
 CARD_NAME = "README.md"
 PARTITION_IMAGE = "partition_heatmap.png"
 CURVES_IMAGE = "training_curves.png"
+RUN_CONFIG = "run_config.yaml"
+"""The file beside the final model that reruns the run (``hf-fedflat train --config run_config.yaml``)."""
 FEDFLAT_SUBFOLDER = "hf_fedflat"
 """Where the hf_fedflat files (``save_pretrained`` + ``federated_config.json``) go in a timm-layout repo."""
 
@@ -89,7 +97,53 @@ class _PartHyperparameters(Mapping):
 #: dataclass, through the registry). Parts without any are shown by name only.
 PART_HYPERPARAMETERS: Mapping[str, tuple[str, ...]] = _PartHyperparameters()
 
-_TABLE_COLUMNS = ("round", "train_loss", "eval_loss", "eval_accuracy", "round_seconds")
+#: history keys that are no metric of the model (timings, counts): never a column or a result
+_NOT_METRICS = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_tokens", "eval_seconds")
+#: the metric "best" refers to, by task, in order of preference (the first one the history has)
+_PRIMARY_METRICS = {
+    "causal-lm": ("eval_perplexity", "eval_loss"), "text-generation": ("eval_perplexity", "eval_loss"),
+    "token-classification": ("eval_f1", "eval_overall_f1", "eval_accuracy", "eval_loss"),
+}
+_DEFAULT_PRIMARY = ("eval_accuracy", "eval_f1_macro", "eval_f1", "eval_loss")
+#: tasks whose partition is by class label ("classes per client" is shown for them only)
+_CLASSIFICATION_TASKS = ("image-classification", "text-classification")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Losses and perplexities fall as the model improves; every other metric rises."""
+    return "loss" in metric or "perplexity" in metric
+
+
+def history_metrics(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The evaluation metrics the history records (``eval_*`` keys with a number in some round), ``eval_loss``
+    first, then in the order they appear: whatever metrics the run computed, with no list to keep up to date."""
+    keys: dict[str, None] = {}
+    for record in history:
+        for key, value in record.items():
+            if key.startswith("eval_") and key not in _NOT_METRICS and _number(value) is not None:
+                keys.setdefault(key)
+    return sorted(keys, key=lambda k: k != "eval_loss")
+
+
+def primary_metric(history: Sequence[Mapping[str, Any]], task: str | None = None) -> str | None:
+    """The metric the card's "best" refers to: by task (perplexity for a causal LM, entity F1 for token
+    classification, accuracy for classification), else the first evaluation metric the history has."""
+    present = history_metrics(history)
+    for key in _PRIMARY_METRICS.get(task or "", _DEFAULT_PRIMARY):
+        if key in present:
+            return key
+    return next((k for k in present if k != "eval_loss"), present[0] if present else None)
+
+
+def _table_columns(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``round``, then the columns some round has a number for: no empty column."""
+    columns = ["round"]
+    if any(_number(r.get("train_loss")) is not None for r in history):
+        columns.append("train_loss")
+    columns += history_metrics(history)
+    if any(_number(r.get("round_seconds")) is not None for r in history):
+        columns.append("round_seconds")
+    return columns
 
 
 # -------------------------------------------------------------------------------------------------
@@ -228,39 +282,54 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def select_table_rows(history: Sequence[Mapping[str, Any]], max_rows: int) -> tuple[list[int], int]:
+def select_table_rows(history: Sequence[Mapping[str, Any]], max_rows: int,
+                      metric: str | None = "eval_accuracy") -> tuple[list[int], int]:
     """Indices of the records shown in the per-round table, and the stride ``k`` used.
 
     Up to ``max_rows`` records: all of them; beyond, every ``k``-th round plus the first, the best
-    (``eval_accuracy``) and the last, with ``k = ceil(n / (max_rows - 3))`` so the table stays near
-    ``max_rows`` lines.
+    (by ``metric``: highest, or lowest for a loss or perplexity) and the last, with
+    ``k = ceil(n / (max_rows - 3))`` so the table stays near ``max_rows`` lines.
     """
     n = len(history)
     if n <= max_rows:
         return list(range(n)), 1
     k = math.ceil(n / max(1, max_rows - 3))
     keep = {i for i in range(n) if (i + 1) % k == 0} | {0, n - 1}
-    accuracies = [(_number(r.get("eval_accuracy")), i) for i, r in enumerate(history)]
-    accuracies = [(a, i) for a, i in accuracies if a is not None]
-    if accuracies:
-        keep.add(max(accuracies)[1])
+    best = _best_index(history, metric)
+    if best is not None:
+        keep.add(best)
     return sorted(keep), k
 
 
-def _final_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _best_index(history: Sequence[Mapping[str, Any]], metric: str | None) -> int | None:
+    values = [(_number(r.get(metric)), i) for i, r in enumerate(history)] if metric else []
+    values = [(v, i) for v, i in values if v is not None]
+    if not values:
+        return None
+    sign = -1.0 if lower_is_better(metric) else 1.0
+    return max(values, key=lambda vi: (sign * vi[0], -vi[1]))[1]  # the first round reaching the best value
+
+
+def _final_metrics(history: Sequence[Mapping[str, Any]], task: str | None = None) -> dict[str, Any]:
+    """Rounds completed; the last evaluated round's value of every metric (``final_<key>``); the best value of the
+    primary metric and its round; the last train loss; round and wall-clock seconds."""
     out: dict[str, Any] = {"rounds_completed": len(history)}
     if not history:
         return out
-    evaluated = [r for r in history if _number(r.get("eval_accuracy")) is not None]
+    metric = primary_metric(history, task)
+    metrics = history_metrics(history)
+    evaluated = [r for r in history if any(_number(r.get(k)) is not None for k in metrics)]
     if evaluated:
         last = evaluated[-1]
-        out["final_eval_accuracy"] = float(last["eval_accuracy"])
-        best = max(evaluated, key=lambda r: float(r["eval_accuracy"]))
-        out["best_eval_accuracy"] = float(best["eval_accuracy"])
-        out["best_round"] = int(best.get("round", history.index(best) + 1))
-        for key, value in last.items():
-            if key.startswith("eval_") and key != "eval_accuracy" and _number(value) is not None:
-                out[f"final_{key}"] = float(value)
+        if metric is not None and _number(last.get(metric)) is not None:
+            out[f"final_{metric}"] = float(last[metric])
+        best = _best_index(history, metric)
+        if best is not None:
+            out[f"best_{metric}"] = float(history[best][metric])
+            out["best_round"] = int(history[best].get("round", best + 1))
+        for key in metrics:
+            if key != metric and _number(last.get(key)) is not None:
+                out[f"final_{key}"] = float(last[key])
     if _number(history[-1].get("train_loss")) is not None:
         out["final_train_loss"] = float(history[-1]["train_loss"])
     seconds = [float(r["round_seconds"]) for r in history if _number(r.get("round_seconds")) is not None]
@@ -274,7 +343,43 @@ def _final_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------------
 # sections
 # -------------------------------------------------------------------------------------------------
-def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+def _lora_text(lora: Mapping[str, Any]) -> str:
+    """The LoRA settings as one cell: rank, alpha, dropout, target modules, modules trained in full, how saved."""
+    def names(value: Any) -> str:
+        if isinstance(value, str):
+            return f"`{value}`"
+        return ", ".join(f"`{v}`" for v in sorted(value)) if value else "–"
+
+    parts = [f"r {lora.get('r')}", f"alpha {_hp(lora.get('lora_alpha'))}", f"dropout {_hp(lora.get('lora_dropout'))}",
+             f"target modules {names(lora.get('target_modules'))}"]
+    if lora.get("modules_to_save"):
+        parts.append(f"trained in full {names(lora['modules_to_save'])}")
+    if lora.get("save"):
+        parts.append("saved as the adapter alone" if lora["save"] == "adapter" else "merged into the saved weights")
+    return ", ".join(parts)
+
+
+def lora_settings(source: Any) -> dict[str, Any] | None:
+    """LoRA settings for the card, in peft's names (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``,
+    ``modules_to_save``), from a ``peft.LoraConfig``, an ``adapter_config.json`` mapping, or a run config's
+    ``lora_*`` fields (``run_config.yaml``); None when the source has no LoRA."""
+    if source is None:
+        return None
+    if not isinstance(source, Mapping):
+        source = source.to_dict() if hasattr(source, "to_dict") else vars(source)
+    if "use_lora" in source or "lora_r" in source:  # a run config
+        if not source.get("use_lora"):
+            return None
+        return {"r": source.get("lora_r"), "lora_alpha": source.get("lora_alpha"),
+                "lora_dropout": source.get("lora_dropout"), "target_modules": source.get("lora_target_modules"),
+                "modules_to_save": source.get("lora_modules_to_save"), "save": source.get("lora_save")}
+    if str(getattr(source.get("peft_type"), "value", source.get("peft_type"))).upper() != "LORA":
+        return None
+    return {key: source.get(key) for key in ("r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save")}
+
+
+def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence[Mapping[str, Any]],
+                task: str | None = None, lora: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     corrections = list(info.get("corrections") or [])
     parts = (f"perturbation `{info.get('perturbation', '?')}`, corrections "
@@ -304,7 +409,9 @@ def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence
         sizes = np.asarray(partition.num_samples)
         classes = (partition.label_counts > 0).sum(axis=1)
         rows.append(("samples per client", f"{int(sizes.sum())} in total; min {sizes.min()} / median {np.median(sizes):g} / max {sizes.max()}"))
-        rows.append(("classes per client", f"{partition.num_classes} classes; min {classes.min()} / median {np.median(classes):g} / max {classes.max()}"))
+        if task is None or task in _CLASSIFICATION_TASKS:  # (a language model's "classes" are no labels)
+            rows.append(("classes per client", f"{partition.num_classes} classes; min {classes.min()} / median "
+                                               f"{np.median(classes):g} / max {classes.max()}"))
     elif scheme is not None:
         detail = ""
         if scheme in ("dirichlet", "inner_dirichlet"):
@@ -339,6 +446,8 @@ def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence
                  f"gradient clipping at norm {_hp(_get(args, 'max_grad_norm'))}" if _get(args, "max_grad_norm") else None,
                  f"weight decay {_hp(_get(args, 'weight_decay'))}" if _get(args, "weight_decay") else None]
     rows.append(("local optimizer", ", ".join(p for p in optimizer if p)))
+    if lora:
+        rows.append(("LoRA", _lora_text(lora)))
     precision = "bf16" if _get(args, "bf16") else "fp16" if _get(args, "fp16") else "fp32"
     rows.append(("precision", precision))
     server = [f"learning rate {_hp(_get(args, 'server_learning_rate'))}" if _get(args, "server_learning_rate") is not None else None,
@@ -504,6 +613,8 @@ def build_model_card(
     license: str | None = None,
     tags: Sequence[str] = (),
     max_table_rows: int = 20,
+    lora: Any = None,
+    run_config: str | None = None,
 ) -> ModelCard:
     """Build the card of a federated run (nothing is read from disk except a history/partition path).
 
@@ -529,6 +640,13 @@ def build_model_card(
         tags: extra tags (``federated-learning``, ``hf-fedflat`` and the algorithm's name are always there).
         max_table_rows: the per-round table shows every round up to this many, else a selection
             (see :func:`select_table_rows`).
+        lora: the LoRA settings when the run trained adapters (see :func:`lora_settings`: a ``LoraConfig``,
+            ``adapter_config.json``'s mapping or a run config).
+        run_config: the name of the file beside the card that reruns the run (``run_config.yaml``), when there is
+            one; the "Reproduce" section points to it.
+
+    The metrics are those the history records (every ``eval_*`` key), "best" by the task's primary metric
+    (:func:`primary_metric`); a column or plot only for what was recorded.
 
     Returns:
         A ``huggingface_hub.ModelCard`` (``card.save(path)`` writes it; ``ModelCard.load`` reads it back).
@@ -545,7 +663,9 @@ def build_model_card(
     records = load_history(history) if history is not None else []
     info = _algorithm_description(args, algorithm)
     partition = _partition_object(partition)
-    final = _final_metrics(records)
+    final = _final_metrics(records, task)
+    metric = primary_metric(records, task)
+    lora = lora_settings(lora)
     algorithm_name = str(info.get("name") or "federated")
     preset_name = str(_get(args, "fed_algorithm") or algorithm_name)  # names and tags hold no spaces: the preset's
     architecture = (model_config or {}).get("architecture") or ((model_config or {}).get("architectures") or [None])[0]
@@ -559,17 +679,19 @@ def build_model_card(
     all_tags += [t for t in tags if t not in all_tags]
     if layout == "timm" and "timm" not in all_tags:
         all_tags.append("timm")
+    finals = {key.removeprefix("final_"): value for key, value in final.items()
+              if key.startswith("final_eval_") and not lower_is_better(key) or key == f"final_{metric}"}
     eval_results = None
-    if dataset_name and "final_eval_accuracy" in final:
+    if dataset_name and finals:
         eval_results = [EvalResult(
             task_type=pipeline_tag(task), dataset_type=dataset_id or dataset_name, dataset_name=dataset_name,
-            dataset_split="test", metric_type="accuracy", metric_name="final accuracy",
-            metric_value=round(final["final_eval_accuracy"], 6),
-        )]
+            dataset_split="test", metric_type=key.removeprefix("eval_"),
+            metric_name=f"final {key.removeprefix('eval_').replace('_', ' ')}", metric_value=round(value, 6),
+        ) for key, value in finals.items()]
     library = {"timm": "timm", "peft": "peft"}.get(layout, "transformers")
     data = ModelCardData(
         library_name=library, tags=all_tags, datasets=[dataset_id] if dataset_id else None,
-        metrics=["accuracy"] if "final_eval_accuracy" in final else None, base_model=base_model,
+        metrics=[key.removeprefix("eval_") for key in finals] or None, base_model=base_model,
         license=license, model_name=name, eval_results=eval_results, pipeline_tag=pipeline_tag(task),
     )
 
@@ -584,36 +706,88 @@ def build_model_card(
     if rounds is not None and records and len(records) < int(rounds):
         intro += f" **Training in progress: {len(records)} of {rounds} rounds done.**"
     sections = [f"# {name}", "", intro, "", "## Federated set-up", "",
-                _table(("setting", "value"), _setup_rows(args, info, partition, records))]
+                _table(("setting", "value"), _setup_rows(args, info, partition, records, task, lora))]
 
     if len(final) > 1:
-        labels = {
-            "final_eval_accuracy": "final accuracy", "best_eval_accuracy": "best accuracy", "best_round": "best round",
-            "final_eval_loss": "final eval loss", "final_train_loss": "final train loss",
-            "mean_round_seconds": "seconds per round (mean)", "wall_seconds": "wall-clock seconds",
-            "rounds_completed": "rounds completed",
-        }
-        rows = [(labels.get(k, k.removeprefix("final_").replace("_", " ")), f"{v:.2f}" if "seconds" in k else v)
-                for k, v in final.items()]
-        sections += ["", "## Results", "", "Evaluated on the held-out set after aggregation (the global model).", "",
-                     _table(("metric", "value"), rows)]
+        labels = {"best_round": "best round", "final_train_loss": "final train loss",
+                  "mean_round_seconds": "seconds per round (mean)", "wall_seconds": "wall-clock seconds",
+                  "rounds_completed": "rounds completed"}
+
+        def label(key: str) -> str:
+            if key in labels:
+                return labels[key]
+            kind, _, rest = key.partition("_")
+            return f"{kind} {rest.removeprefix('eval_').replace('_', ' ')}"
+
+        rows = [(label(k), f"{v:.2f}" if "seconds" in k else v) for k, v in final.items()]
+        sections += ["", "## Results", "", "Evaluated on the held-out set after aggregation (the global model)"
+                     + (f"; best by {metric.removeprefix('eval_')}" if metric and "best_round" in final else "") + ".",
+                     "", _table(("metric", "value"), rows)]
     if records:
-        indices, stride = select_table_rows(records, int(max_table_rows))
-        rows = [[records[i].get(c, i + 1 if c == "round" else None) for c in _TABLE_COLUMNS] for i in indices]
+        indices, stride = select_table_rows(records, int(max_table_rows), metric)
+        columns = _table_columns(records)
+        rows = [[records[i].get(c, i + 1 if c == "round" else None) for c in columns] for i in indices]
         note = ("" if stride == 1 else
                 f"Every {stride}th round, the first, the best and the last of {len(records)} rounds; "
                 "`history.json` holds all of them.\n\n")
-        sections += ["", "## Metrics per round", "", note + _table(_TABLE_COLUMNS, rows)]
+        sections += ["", "## Metrics per round", "", note + _table(columns, rows)]
     if images:
         sections += ["", "## Plots", ""]
         for alt, path in images.items():
             sections += [f"![{alt}]({Path(path).as_posix()})", ""]
         sections.pop()
     sections += ["", "## How to load", "", _loading_section(layout, repo_id, model_config, task)]
-    sections += ["", "## Reproduce", "", "Install `hf_fedflat` and run the same configuration, e.g. "
-                 "`hf-fedflat train --config run.yaml` with the settings above; `federated_config.json` "
-                 "holds the algorithm and partition of this run."]
+    if run_config:
+        reproduce = (f"`{run_config}` beside this card holds the run's complete configuration (paths as they were on "
+                     "the machine that trained it: change `dataset_path`, `data_dir` or `model_name_or_path` where "
+                     "yours differ). With `hf_fedflat` installed:\n\n"
+                     f"```bash\nhf-fedflat train --config {run_config} --output_dir my_rerun\n```\n\n"
+                     "`federated_config.json` records the algorithm and its hyperparameters, the optimizer, the "
+                     "partition, the model and the dataset.")
+    else:
+        reproduce = ("This run was not started from `hf-fedflat train`, so no `run_config.yaml` was written; "
+                     "`federated_config.json` records the algorithm and its hyperparameters, the optimizer, the "
+                     "partition, the model and the dataset, and the set-up above lists the same.")
+    sections += ["", "## Reproduce", "", reproduce]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(sections) + "\n")
+
+
+def _metric_panels(history: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The curves' panels, only those with data: losses, perplexities, and the other (higher-is-better) metrics."""
+    keys = (["train_loss"] if any(_number(r.get("train_loss")) is not None for r in history) else [])
+    keys += history_metrics(history)
+    panels: dict[str, list[str]] = {"loss": [], "perplexity": [], "score": []}
+    for key in keys:
+        panels["perplexity" if "perplexity" in key else "loss" if "loss" in key else "score"].append(key)
+    return {title: names for title, names in panels.items() if names}
+
+
+def plot_metrics(history: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path | None:
+    """Draw the metrics the history records per round into ``path`` (a PNG; one panel per kind of metric, see
+    :func:`_metric_panels`); None, and nothing written, when the history records none."""
+    from ..io import atomic_savefig
+    from ..plots import metric_series
+
+    panels = _metric_panels(history)
+    if not panels:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(4.5 * len(panels) + 1.0, 4.0), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (title, keys) in zip(axes, panels.items()):
+        for key in keys:
+            rounds, values = metric_series(history, key)
+            ax.plot(rounds, values, label=key, marker="o" if len(rounds) <= 30 else None, markersize=3)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    return atomic_savefig(fig, Path(path))
 
 
 def _unlink(path: Path) -> None:
@@ -684,17 +858,23 @@ def write_model_card(
             from ..data import plot_partition_heatmap
 
             plot_partition_heatmap(partition, folder / PARTITION_IMAGE)
-        if (folder / PARTITION_IMAGE).is_file():
+        if (folder / PARTITION_IMAGE).is_file() and card_kwargs.get("task") in (None, *_CLASSIFICATION_TASKS):
             images.setdefault("Label distribution across clients", PARTITION_IMAGE)
-        if any(k in r for r in records for k in ("eval_accuracy", "train_loss", "eval_loss")):
-            from ..plots import plot_history
+        _unlink(folder / CURVES_IMAGE)
+        if plot_metrics(records, folder / CURVES_IMAGE) is not None:
+            images.setdefault("Metrics per round", CURVES_IMAGE)
+    layout = layout or detect_layout(folder)
+    adapter_config = folder / "adapter_config.json"
+    if "lora" not in card_kwargs and adapter_config.is_file():
+        card_kwargs["lora"] = {**json.loads(adapter_config.read_text()), "save": "adapter"}
+    if "lora" not in card_kwargs and (folder / RUN_CONFIG).is_file():
+        import yaml
 
-            _unlink(folder / CURVES_IMAGE)
-            plot_history(records, folder / CURVES_IMAGE)
-            images.setdefault("Accuracy and loss per round", CURVES_IMAGE)
+        card_kwargs["lora"] = yaml.safe_load((folder / RUN_CONFIG).read_text())
+    if "run_config" not in card_kwargs:
+        card_kwargs["run_config"] = RUN_CONFIG if (folder / RUN_CONFIG).is_file() else None
     card = build_model_card(
-        args, history=records, algorithm=algorithm, partition=partition,
-        layout=layout or detect_layout(folder), images=images, **card_kwargs,
+        args, history=records, algorithm=algorithm, partition=partition, layout=layout, images=images, **card_kwargs,
     )
     path = folder / CARD_NAME
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{CARD_NAME}.", suffix=".tmp")
@@ -725,6 +905,9 @@ def card_inputs_from_trainer(trainer) -> dict[str, Any]:
         "partition": trainer.partition,
         "model_config": model_config,
     }
+    peft_config = getattr(trainer.model, "peft_config", None)
+    if isinstance(peft_config, Mapping) and peft_config:
+        inputs["lora"] = {**next(iter(peft_config.values())).to_dict(), "save": getattr(trainer, "lora_save", None)}
     inputs.update(dict(getattr(trainer, "model_card_kwargs", None) or {}))
     return inputs
 

@@ -338,11 +338,27 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
             )
     with quiet_peft():
         peft_model = get_peft_model(model, config)
+    _record_base_model(peft_model)
     unexpected = [n for n, p in peft_model.named_parameters()
                   if p.requires_grad and "lora_" not in n and ".modules_to_save." not in n]
     if unexpected:  # an explicit check, not `assert`: it must also hold under `python -O`
         raise RuntimeError(f"LoRA left base parameters trainable: {unexpected[:5]}")
     return peft_model
+
+
+def _record_base_model(peft_model: nn.Module) -> None:
+    """Make ``base_model_name_or_path`` (what ``adapter_config.json`` says to load the adapter on) hold on any
+    machine and from any working directory: peft records the name the model was loaded by, a relative path as
+    typed; this is the Hub id and commit when the folder is a Hub download, else the absolute path
+    (:func:`hf_fedflat.models.origin.base_model_reference`)."""
+    from .origin import base_model_reference
+
+    for adapter_config in peft_model.peft_config.values():
+        name = adapter_config.base_model_name_or_path
+        if name:
+            adapter_config.base_model_name_or_path, revision = base_model_reference(name)
+            if revision and not adapter_config.revision:
+                adapter_config.revision = revision
 
 
 def save_federated_model(model: nn.Module, directory: str | os.PathLike, lora_save: str = "merged") -> str:
