@@ -14,6 +14,21 @@ FEDGAM = "FedGAM / FedGAM-CV: gradient norm aware minimization in federated lear
 #: the seeds (FedGAM/-CV Alg. 1-2, FedUp Alg. 1, FedLESAM's FL-Simulator code, FedGH) average uniformly, 1/|S_t|
 #: (the README's conventions table lists every preset's conventions)
 UNIFORM = {"aggregation_weights": "uniform"}
+#: Settings that are a paper's conventions, not any method's point: a comparison of presets gives its members one
+#: value of each (hf_fedflat/cli/conventions.py) so that they differ only in their methods. A preset whose method
+#: is one of them names it in ``method_fields`` (DFedAvgM's momentum). Every other preset default (rho,
+#: server_learning_rate, ...) is its method's own.
+CONVENTION_FIELDS = {
+    "aggregation_weights": "aggregation weights p_i (by samples or uniform)",
+    "scaffold_server_average": "how the server averages the control-variate updates (1/N or 1/|S_t|)",
+    "decentralized_participation": "who trains each round in a decentralized run",
+    "clients_per_round": "clients per round", "participation_fraction": "clients per round",
+    "learning_rate": "local learning rate", "lr_decay_per_round": "learning-rate decay across rounds",
+    "lr_scheduler_type": "learning-rate schedule within a round", "warmup_steps": "learning-rate warm-up",
+    "weight_decay": "weight decay", "optim": "local optimizer", "optim_args": "local optimizer's arguments (momentum)",
+    "local_epochs": "local work per round", "local_steps": "local work per round",
+    "per_device_train_batch_size": "local batch size", "max_grad_norm": "clipping of the local step",
+}
 
 for spec in (
     # --- baselines -----------------------------------------------------------------------------------------
@@ -116,11 +131,11 @@ for spec in (
     AlgorithmSpec("dfedavgm", "none", (), "gossip",
                   "Local SGD with heavy-ball momentum (reset every round), then gossip.",
                   "Sun et al., Decentralized Federated Averaging, IEEE TPAMI 2022",
-                  defaults={"optim_args": "momentum=0.9", **FULL}),
+                  defaults={"optim_args": "momentum=0.9", **FULL}, method_fields=("optim_args",)),
     # the paper: every client steps every iteration
     AlgorithmSpec("dpsgd", "none", (), "gossip", "One local SGD step per gossip step (adapt-then-combine D-PSGD).",
                   "Lian et al., Can Decentralized Algorithms Outperform Centralized Algorithms?, NeurIPS 2017",
-                  defaults={"local_steps": 1, **FULL}),
+                  defaults={"local_steps": 1, **FULL}, method_fields=("local_steps",)),
     AlgorithmSpec("dfedsam", "sam", (), "gossip", "Local SAM steps, then gossip.",
                   "Shi et al., Improving the Model Consistency of Decentralized Federated Learning, ICML 2023",
                   defaults={"rho": 0.05, **FULL}),

@@ -78,9 +78,10 @@ def _create_named_model(model_args: ModelArguments, data: FederatedData):
 def _base_model(model_args: ModelArguments, model) -> str | None:
     if model_args.base_model:
         return model_args.base_model
-    if model_args.model_name_or_path:  # a Hub id (not a local folder) is the base model
-        path = model_args.model_name_or_path
-        return None if os.path.exists(path) else path
+    if model_args.model_name_or_path:  # a Hub id, or the Hub origin a local folder records (never a local path)
+        from ..models.origin import model_origin
+
+        return model_origin(model_args.model_name_or_path).hub_id
     if model_args.pretrained and model_args.pretrained_path is None:
         cfg = getattr(getattr(model, "backbone", None), "pretrained_cfg", None) or {}
         return cfg.get("hf_hub_id")
@@ -196,6 +197,10 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
                              label_column=data.label_column, callbacks=callbacks, lora_save=lora_save,
                              drop_invalid_rows=data_args.drop_invalid_rows, **extra)
     trainer.model_card_kwargs = card_kwargs
+    from ..federation.run_record import effective_run_config
+
+    # the complete configuration, for final_model/run_config.yaml (a rerun) and federated_config.json
+    trainer.run_config = effective_run_config(data_args, model_args, lora_args, args)
     if prompts:  # greedy continuations at each evaluation, into the history (hf_fedflat.metrics.generation)
         from ..metrics.generation import GenerationProbe
 

@@ -22,7 +22,7 @@ from ..callbacks import FederatedCallback
 from ..config import FedTrainingArguments
 from ..diagnostics import RunDiagnostics
 from ..hub.push import HubPushCallback, ModelCardCallback
-from ..io import atomic_save_safetensors, atomic_write_json
+from ..io import atomic_save_safetensors, atomic_write_json, atomic_write_text
 from ..metrics import accuracy_metrics
 from ..runtime.fast_trainer import client_trainer_class
 from ..state import create_client_state_store
@@ -328,17 +328,14 @@ class FederatedTrainer(TrainerAPI):
 
         complete_model_folder(directory, processing_class=getattr(self.client_trainer, "processing_class", None),
                               data_config=getattr(self, "data_config", None))
-        dropped = getattr(getattr(self, "input_report", None), "dropped", None)
-        atomic_write_json(
-            {"run_id": getattr(self.run_folder, "run_id", None),
-             "algorithm": self.algorithm.describe(), "num_clients": self.args.num_clients,
-             "clients_per_round": self.args.num_clients_per_round, "num_rounds": self.args.num_rounds,
-             "partition": {"scheme": self.partition.scheme, "description": self.partition.describe_scheme(),
-                           "alpha": self.partition.alpha, "seed": self.partition.seed},
-             **({"dropped_invalid_rows": dropped} if dropped else {}),
-             **self.strategy.describe()},
-            os.path.join(directory, "federated_config.json"),
-        )
+        from .run_record import RUN_CONFIG_NAME, federated_config, run_config_yaml
+
+        # what the run was: its set-up for readers and cards; with the command line's arguments, a config that reruns it
+        atomic_write_json(federated_config(self), os.path.join(directory, "federated_config.json"))
+        run_config = getattr(self, "run_config", None)
+        if run_config:
+            resolved = {name: getattr(self.args, name) for name in getattr(self.args, "_defaulted_fields", ())}
+            atomic_write_text(run_config_yaml(run_config, resolved), os.path.join(directory, RUN_CONFIG_NAME))
 
 
 class _Terminated(SystemExit):
