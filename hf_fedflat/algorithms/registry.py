@@ -149,6 +149,9 @@ class AlgorithmSpec:
         paper: the reference.
         defaults: hyperparameter defaults of this preset (field name of ``FedTrainingArguments`` -> value),
             used where the user left the field unset.
+        method_fields: the names among ``defaults`` that are this method's point although they are conventions
+            for other methods (:data:`~hf_fedflat.algorithms.presets.CONVENTION_FIELDS`: DFedAvgM's momentum,
+            D-PSGD's one local step): a comparison that aligns conventions leaves them as they are.
     """
 
     name: str
@@ -158,6 +161,7 @@ class AlgorithmSpec:
     description: str
     paper: str = ""
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    method_fields: tuple[str, ...] = ()
 
 
 def register_preset(spec: AlgorithmSpec) -> AlgorithmSpec:
