@@ -118,6 +118,12 @@ register_preset(AlgorithmSpec(
     "FedDyn-like linear duals.",
     "Li et al., One Arrow, Two Hawks: Sharpness-aware Minimization for Federated Learning via Global Model "
     "Trajectory (FedGMT), ICML 2025"))
+register_preset(AlgorithmSpec(
+    "fedwmsam", "wmsam", (), "mean",
+    "One-pass SAM along the momentum's predicted path, mixed with a personalized server momentum whose weight "
+    "adapts each round; SCAFFOLD variates.",
+    "Li et al., FedWMSAM: Fast and Flat Federated Learning via Weighted Momentum and Sharpness-Aware Minimization, "
+    "NeurIPS 2025"))
 
 # --- decentralized: perturbation x gossip (no server); local step, sampling and gossip are shared code ----------
 #: the seeds' decentralized set-up: every client trains every round (only the server baselines sample 10%)
