@@ -222,3 +222,38 @@ def test_timm_final_model_loads_without_hf_fedflat(tmp_path):
     assert "CLASS TimmWrapperForImageClassification" in out
     torch.testing.assert_close(by_timm, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(by_auto, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_adapters_load_from_any_working_directory_without_hf_fedflat(tmp_path, models, monkeypatch):
+    """A model given by a relative path: the adapter records its absolute path, and peft's Auto classes load it in a
+    process without hf_fedflat, started elsewhere; the trained labels come from the folder's config.json."""
+    monkeypatch.chdir(os.path.dirname(models["bert"]))
+    relative = os.path.basename(models["bert"])
+    lora = LoraArguments(use_lora=True, lora_save="adapter", lora_r=4)
+    args = FedTrainingArguments(output_dir=str(tmp_path / "run"), num_clients=2, num_rounds=1, local_steps=2,
+                                fed_algorithm="fedavg", per_device_train_batch_size=8, learning_rate=0.05,
+                                optim="adamw_torch", partition_scheme="iid", use_cpu=True, seed=1)
+    experiment = build_experiment(DataArguments("tiny_sentiment_for_tests"), ModelArguments(model_name_or_path=relative),
+                                  args, lora_args=lora)
+    final = experiment.trainer.train().final_model_dir
+    adapter = json.loads(open(os.path.join(final, "adapter_config.json")).read())
+    assert adapter["base_model_name_or_path"] == models["bert"]  # absolute, not "bert"
+    ids = experiment.data.processing_class("a great movie", return_tensors="pt")["input_ids"]
+    experiment.model.eval()
+    with torch.no_grad():
+        expected = experiment.model(input_ids=ids).logits[0].tolist()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = run_python(NO_FEDFLAT + textwrap.dedent(f"""
+        import json, sys, torch
+        from peft import AutoPeftModelForSequenceClassification
+        from transformers import AutoConfig
+        model = AutoPeftModelForSequenceClassification.from_pretrained({final!r}).eval()
+        with torch.no_grad():
+            print("LOGITS", json.dumps(model(input_ids=torch.tensor({ids.tolist()})).logits[0].tolist()))
+        print("LABELS", json.dumps(AutoConfig.from_pretrained({final!r}).id2label))
+        print("FEDFLAT", any(name.startswith("hf_fedflat") and sys.modules[name] for name in sys.modules))
+    """), cwd=elsewhere)
+    np.testing.assert_allclose(json.loads(out.split("LOGITS")[1].split("\n")[0]), expected, rtol=1e-5, atol=1e-6)
+    assert json.loads(out.split("LABELS")[1].split("\n")[0]) == {"0": "positive", "1": "negative"}
+    assert "FEDFLAT False" in out
