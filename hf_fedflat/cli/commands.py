@@ -91,11 +91,14 @@ COMPARE_COLUMNS = ("run", "path", "algorithm", "rounds", "metric", "final", "bes
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of runs: rows of :data:`COMPARE_COLUMNS` (``summarize_run(run).row(COMPARE_COLUMNS)``)."""
     metric = rows[0]["metric"] if rows else "eval_accuracy"
-    lines = [f"| run | algorithm | rounds | final {metric} | best {metric} (round) | s/round | wall s |",
-             "|---|---|---|---|---|---|---|"]
+    flagged = any(r.get("conventions") for r in rows)  # runs that differ in more than their methods
+    lines = [f"| run | algorithm | rounds | final {metric} | best {metric} (round) | s/round | wall s |"
+             + (" differs in (not the method) |" if flagged else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if flagged else "")]
     for r in rows:
         lines.append(f"| {r['run']} | {r['algorithm']} | {r['rounds']} | {r['final']:.4f} | "
-                     f"{r['best']:.4f} ({r['best_round']}) | {r['seconds_per_round']:.2f} | {r['wall_seconds']:.1f} |")
+                     f"{r['best']:.4f} ({r['best_round']}) | {r['seconds_per_round']:.2f} | {r['wall_seconds']:.1f} |"
+                     + (f" {r.get('conventions') or '-'} |" if flagged else ""))
     return "\n".join(lines)
 
 
@@ -116,6 +119,15 @@ def compare_main(argv: Sequence[str]) -> int:
     if len(set(names)) < len(names):  # same folder name in different places: show the paths
         for row in rows:
             row["run"] = row["path"]
+    # runs made apart may differ in more than their methods (aggregation weights, learning rate, ...): flagged
+    from .conventions import plan_alignment, recorded_conventions
+
+    recorded = [recorded_conventions(row["run"], run) for row, run in zip(rows, runs)]
+    report = plan_alignment([r for r in recorded if r is not None], "per_method")
+    for row in rows:
+        row["conventions"] = report.flag(row["run"])
+    if report.mixed:
+        print("\n".join(report.difference_lines()) + "\n")
     print(format_comparison(rows))
     from ..plots import plot_comparison
 

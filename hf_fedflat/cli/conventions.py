@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["CONVENTION_MODES", "ConventionReport", "MemberConventions", "check_convention_mode", "member_conventions",
-           "plan_alignment"]
+           "plan_alignment", "recorded_conventions"]
 
 #: ``aligned`` (default): one value of each convention for every member; ``per_method``: each preset's own
 CONVENTION_MODES = ("aligned", "per_method")
@@ -148,6 +148,11 @@ class ConventionReport:
             out.append(f"Each member with its own paper's conventions instead: {self.opt_out}.")
         else:
             out.append("Conventions per method: each member runs with its own paper's conventions.")
+        return out + self.difference_lines()
+
+    def difference_lines(self) -> list[str]:
+        """The members that differ from the reference in more than their method, one line each ([] when none)."""
+        out = []
         if self.differing:
             out.append(f"Not like for like: the rows marked {FLAG} differ from the reference in more than their method:")
             for member, fields in list(self.differing.items())[:SHOWN]:
@@ -164,6 +169,38 @@ class ConventionReport:
                 "differing": {m: dict(f) for m, f in self.differing.items()},
                 "reference_values": {k: {"member": m, "value": v} for k, (m, v) in self.reference_values.items()},
                 "opt_out": self.opt_out}
+
+
+def recorded_conventions(name: str, folder) -> MemberConventions | None:
+    """The conventions a finished run recorded in ``final_model/federated_config.json`` (its ``training`` settings,
+    its pieces' hyperparameters, its clients per round); None for a run that recorded none. Nothing can be aligned
+    after the fact: every value counts as given."""
+    import json
+    from pathlib import Path
+
+    from ..algorithms.registry import get_preset
+
+    path = Path(folder) / "final_model" / "federated_config.json"
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("training"), dict):
+        return None
+    sources = [recorded["training"], recorded.get("algorithm_hyperparameters") or {},
+               {"clients_per_round": recorded.get("clients_per_round")}]
+    values = {}
+    for field_name in convention_fields():
+        for source in sources:
+            if field_name in source:
+                values[field_name] = source[field_name]
+                break
+    algorithm = str((recorded.get("algorithm") or {}).get("name", "")).split(" ")[0]
+    try:
+        method_fields = frozenset(get_preset(algorithm).method_fields)
+    except ValueError:
+        method_fields = frozenset()
+    return MemberConventions(name=name, values=values, method_fields=method_fields)
 
 
 def plan_alignment(members: Sequence[MemberConventions], mode: str = "aligned", reference: str | None = None,

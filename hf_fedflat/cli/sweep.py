@@ -22,6 +22,9 @@ A sweep file (YAML or JSON) names the grid; every member is an ``hf-fedflat trai
     smoke:                         # with --smoke: merged over the keys above (base merged field by field)
       base: {num_rounds: 2, num_clients: 4}
       seeds: [0, 1]
+    conventions: aligned           # aligned (default): every convention left to the presets (aggregation_weights,
+                                   # ...) takes the baseline's (else the first entry's) value in every member;
+                                   # per_method: each preset's own paper's (differing rows are flagged)
     launcher: local                # local (one after another, here) | submitit (SLURM through submitit)
     submitit: {timeout_min: 600, slurm_partition: gpu, gpus_per_node: 1}
 
@@ -30,6 +33,11 @@ Seeds vary the training only: every member's ``partition_seed`` is the sweep's `
 base, a partition or an algorithm entry sets them. Every member's arguments are parsed before the first
 member runs (:func:`hf_fedflat.cli.parsing.parse_train_arguments` on the member's config file, written to
 ``<output_dir>/sweep/members/<member>.json``): an unknown key or a bad value stops the sweep before any run.
+
+The members differ only in their methods unless ``conventions: per_method``: every convention of
+:data:`hf_fedflat.algorithms.presets.CONVENTION_FIELDS` a member took from its preset is set to the reference
+member's value in its fields (:mod:`hf_fedflat.cli.conventions`), written with them; a value given for one entry
+alone is kept and its row flagged. What was aligned heads the table and goes to ``sweep/conventions.json``.
 
 A member whose ``run_status.json`` says ``completed`` and which has ``final_model/`` is skipped, so is one that
 says ``failed`` (it ended without training: an outcome, reported and counted in the table); one with checkpoints
@@ -60,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .conventions import check_convention_mode
 from .summary import RunSummary, summarize_run
 
 __all__ = ["SweepConfig", "SweepMember", "expand_members", "load_sweep_config", "main", "member_status",
@@ -68,7 +77,7 @@ __all__ = ["SweepConfig", "SweepMember", "expand_members", "load_sweep_config", 
 logger = logging.getLogger(__name__)
 
 SWEEP_KEYS = ("output_dir", "metric", "target", "baseline", "base", "algorithms", "grid", "partitions", "seeds", "smoke",
-              "launcher", "submitit", "split_seed", "partition_seed", "description")
+              "launcher", "submitit", "split_seed", "partition_seed", "description", "conventions")
 LAUNCHERS = ("local", "submitit")
 SWEEP_FOLDER = "sweep"
 
@@ -100,6 +109,9 @@ class SweepConfig:
     launcher: str = "local"
     submitit: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
+    conventions: str = "aligned"
+    #: what :func:`align_conventions` aligned and which groups still differ in more than their method
+    convention_report: Any = None
 
 
 # -------------------------------------------------------------------------------------------------
@@ -178,6 +190,11 @@ def expand_members(values: Mapping[str, Any], *, path: str | None = None, smoke:
     launcher = values.get("launcher", "local")
     if launcher not in LAUNCHERS:
         _fail(path, f"launcher: must be one of {LAUNCHERS}, got {launcher!r}.")
+    conventions = values.get("conventions", "aligned")
+    try:
+        check_convention_mode("conventions", conventions)
+    except ValueError as error:
+        _fail(path, str(error))
     metric = values.get("metric", "eval_accuracy")
     if not isinstance(metric, str) or not metric.startswith("eval_"):
         _fail(path, f"metric: a history.json key such as eval_accuracy, eval_loss or eval_perplexity, got {metric!r}.")
@@ -254,7 +271,8 @@ def expand_members(values: Mapping[str, Any], *, path: str | None = None, smoke:
                     f"(the entries: {', '.join(sorted({m.algorithm for m in members}))}).")
     return SweepConfig(output_dir=output_dir, members=members, metric=metric,
                        target=None if target is None else float(target), baseline=baseline, launcher=launcher,
-                       submitit=_mapping(values.get("submitit"), "submitit", path), path=path)
+                       submitit=_mapping(values.get("submitit"), "submitit", path), path=path,
+                       conventions=conventions)
 
 
 def member_config_path(config: SweepConfig, member: SweepMember) -> str:
@@ -271,9 +289,51 @@ def load_sweep_config(path: str, *, smoke: bool = False, output_dir: str | None 
     from .parsing import read_config_file
 
     config = expand_members(read_config_file(path), path=path, smoke=smoke, output_dir=output_dir)
+    align_conventions(config)
     if validate:
         validate_members(config)
     return config
+
+
+def _parsed_member(member: SweepMember):
+    """The member's ``FedTrainingArguments`` as its run will parse them (its fields through a temporary file), with
+    the optimizer its model gets where it leaves ``optim`` / ``learning_rate`` unset (as ``build_experiment`` does)."""
+    import tempfile
+
+    from ..io import atomic_write_json
+    from .parsing import parse_train_arguments
+
+    with tempfile.TemporaryDirectory() as folder:
+        member_path = os.path.join(folder, f"{member.name}.json")
+        atomic_write_json(member.fields, member_path, durable=False)
+        try:
+            _, model_args, lora_args, args = parse_train_arguments(["--config", member_path])
+            args.apply_model_defaults(model_args.follows_trainer_conventions, bool(lora_args.use_lora))
+            return args
+        except SystemExit as exit_:  # argparse's refusal of a value
+            raise ValueError(f"sweep member {member.name}: its arguments were refused (see the message above).") \
+                from exit_
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"sweep member {member.name}: {error}") from error
+
+
+def align_conventions(config: SweepConfig) -> None:
+    """Give every member the conventions of the reference (the baseline's group, else the first that reads each):
+    the aligned fields are added to the members' ``fields`` (what they run with and record), and what was aligned
+    and which groups still differ goes to ``config.convention_report`` (see :mod:`hf_fedflat.cli.conventions`)."""
+    from .conventions import member_conventions, plan_alignment
+
+    groups: dict[str, SweepMember] = {}
+    for member in config.members:  # one per group: the seeds of a row share its fields but seed and folder
+        groups.setdefault(member.group, member)
+    reference = next((m.group for m in groups.values()
+                      if m.algorithm == config.baseline and not m.hyperparameters), None)
+    settings = [member_conventions(group, _parsed_member(member)) for group, member in groups.items()]
+    report = plan_alignment(settings, config.conventions, reference=reference,
+                            opt_out="conventions: per_method (a key of the sweep file)")
+    for member in config.members:
+        member.fields.update(report.changes_for(member.group))
+    config.convention_report = report
 
 
 #: written into a member's run folder when it starts: the fields it was run with (see :func:`check_member_fields`)
@@ -464,9 +524,11 @@ def summarize_members(config: SweepConfig) -> list[dict[str, Any]]:
                 summaries.append(summarize_run(load_history(history_path), config.metric, config.target))
                 by_seed.setdefault(group, {})[member.seed] = summaries[-1]
         first = members[0]
+        report = config.convention_report
         row: dict[str, Any] = {"group": group, "algorithm": first.algorithm,
                                "hyperparameters": " ".join(f"{k}={v}" for k, v in first.hyperparameters.items()),
-                               "partition": first.partition, "seeds": len(summaries), "seeds_planned": len(members)}
+                               "partition": first.partition, "seeds": len(summaries), "seeds_planned": len(members),
+                               "conventions": report.flag(group) if report is not None else ""}
         for key in STAT_KEYS:
             row[f"{key}_mean"], row[f"{key}_std"] = _mean_std([s[key] for s in summaries])
         row["mb_per_round_mean"], row["mb_per_round_std"] = _mean_std(
@@ -501,12 +563,17 @@ def _signed(row, key, digits) -> str:
     return f"{mean:+.{digits}f} ± {std:.{digits}f}"
 
 
-def format_markdown(rows: list[dict], metric: str, target: float | None, baseline: str | None = None) -> str:
+def format_markdown(rows: list[dict], metric: str, target: float | None, baseline: str | None = None,
+                    conventions=None) -> str:
+    """The table; ``conventions`` (a :class:`~hf_fedflat.cli.conventions.ConventionReport`): what was aligned, above
+    it, and a column naming what a flagged row differs in besides its method."""
     short = metric.removeprefix("eval_")
+    flagged = any(row.get("conventions") for row in rows)
     target_text = f" to {target:g}" if target is not None else " to target"
     paired = [f"Δ final vs {baseline}", f"Δ best vs {baseline}"] if baseline is not None else []
     header = ["algorithm", "hyperparameters", "partition", "seeds", f"final {short}", f"best {short}", *paired,
-              f"rounds{target_text} (reached)", f"s{target_text}", "s/round", "MB/round (up+down+gossip)"]
+              f"rounds{target_text} (reached)", f"s{target_text}", "s/round", "MB/round (up+down+gossip)",
+              *(["differs in (not the method)"] if flagged else [])]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         rounds = _pm(row, "rounds_to_target", 1)
@@ -515,8 +582,11 @@ def format_markdown(rows: list[dict], metric: str, target: float | None, baselin
                  *([_signed(row, "delta_final", 4), _signed(row, "delta_best", 4)] if baseline is not None else []),
                  f"{rounds} ({row['reached']}/{row['seeds']})" if target is not None else "-",
                  _pm(row, "seconds_to_target", 1) if target is not None else "-",
-                 _pm(row, "seconds_per_round", 2), _pm(row, "mb_per_round", 3)]
+                 _pm(row, "seconds_per_round", 2), _pm(row, "mb_per_round", 3),
+                 *([row.get("conventions") or "-"] if flagged else [])]
         lines.append("| " + " | ".join(cells) + " |")
+    if conventions is not None and len(conventions.members) > 1:
+        lines = [*conventions.lines(), "", *lines]
     return "\n".join(lines)
 
 
@@ -566,7 +636,13 @@ def write_tables(config: SweepConfig) -> dict[str, str]:
     folder = os.path.join(config.output_dir, SWEEP_FOLDER)
     paths = {"markdown": os.path.join(folder, "results.md"), "csv": os.path.join(folder, "results.csv"),
              "plot": os.path.join(folder, "results.png")}
-    atomic_write_text(format_markdown(rows, config.metric, config.target, config.baseline) + "\n", paths["markdown"], durable=False)
+    atomic_write_text(format_markdown(rows, config.metric, config.target, config.baseline, config.convention_report)
+                      + "\n", paths["markdown"], durable=False)
+    if config.convention_report is not None:
+        from ..io import atomic_write_json
+
+        paths["conventions"] = os.path.join(folder, "conventions.json")
+        atomic_write_json({"conventions": config.convention_report.to_json()}, paths["conventions"], durable=False)
     table = io.StringIO()
     if rows:
         writer = csv.DictWriter(table, fieldnames=list(rows[0]))
@@ -615,6 +691,8 @@ def sweep_main(argv: Sequence[str]) -> int:
             return 2
     logger.info("sweep: %d members (%d groups x seeds) in %s", len(config.members),
                 len({m.group for m in config.members}), config.output_dir)
+    if config.convention_report is not None and len(config.convention_report.members) > 1:
+        logger.info("%s", "\n".join(config.convention_report.lines()))
     statuses = {} if options.table_only else run_sweep(config, wait=not options.no_wait)
     if options.no_wait and config.launcher == "submitit":
         print(f"Submitted {sum(s == 'submitted' for s in statuses.values())} members; tables later with --table_only.")

@@ -212,3 +212,31 @@ def test_a_sweep_aligns_its_members_fields_and_flags_a_member_given_its_own(tmp_
     sweep.write_text(json.dumps(values))
     with pytest.raises(ValueError, match="conventions: must be 'aligned'"):
         load_sweep_config(str(sweep))
+
+
+# --- runs compared after the fact ----------------------------------------------------------------------------
+def write_run(path, algorithm: str, training: dict, hyperparameters: dict | None = None) -> None:
+    (path / "final_model").mkdir(parents=True)
+    (path / "history.json").write_text(json.dumps([{"round": 1, "eval_accuracy": 0.5, "round_seconds": 1.0,
+                                                    "wall_seconds": 1.0}]))
+    (path / "final_model" / "federated_config.json").write_text(json.dumps(
+        {"algorithm": {"name": algorithm}, "training": training, "clients_per_round": 5,
+         "algorithm_hyperparameters": hyperparameters or {}}))
+
+
+def test_hf_fedflat_compare_flags_runs_that_differ_in_more_than_their_method(tmp_path, capsys):
+    from hf_fedflat.cli import main
+
+    same = {"learning_rate": 0.05, "optim": "sgd", "local_steps": 10}
+    write_run(tmp_path / "runs" / "a", "fedavg", {**same, "aggregation_weights": "samples"})
+    write_run(tmp_path / "runs" / "b", "fedgam", {**same, "aggregation_weights": "uniform"}, {"rho": 0.02})
+    write_run(tmp_path / "runs" / "c", "fedsam", {**same, "aggregation_weights": "samples"}, {"rho": 0.05})
+    assert main(["compare", str(tmp_path / "runs"), "--out_dir", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "b: aggregation_weights=uniform (reference a: samples)" in out
+    assert "| differs in (not the method) |" in out and "| † aggregation_weights=uniform |" in out
+    assert "| c | fedsam | 1 | 0.5000 | 0.5000 (1) | 1.00 | 1.0 | - |" in out  # rho is the method's: not flagged
+    write_run(tmp_path / "alike" / "a", "fedavg", {**same, "aggregation_weights": "uniform"})
+    write_run(tmp_path / "alike" / "b", "fedgam", {**same, "aggregation_weights": "uniform"}, {"rho": 0.02})
+    assert main(["compare", str(tmp_path / "alike"), "--out_dir", str(tmp_path / "cmp2")]) == 0
+    assert "differs in" not in capsys.readouterr().out

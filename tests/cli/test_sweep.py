@@ -344,6 +344,34 @@ def test_shipped_sweeps_validate_and_their_smoke_runs(name, tmp_path):
         assert member_status(member.output_dir) == "completed", member.name
         history = json.loads((Path(member.output_dir) / "history.json").read_text())
         assert [r["round"] for r in history] == [1, 2]
-    table = (tmp_path / "smoke" / "sweep" / "results.md").read_text().splitlines()
+    table = [line for line in (tmp_path / "smoke" / "sweep" / "results.md").read_text().splitlines()
+             if line.startswith("|")]  # (what the sweep aligned is written above the table)
     groups = sorted({m.group for m in smoke.members})
     assert len(table) == 2 + len(groups) and all("| 2/2 |" in line for line in table[2:])
+
+
+#: the related-work sweep's methods, in its order (FedSAM+SWA: FedSWA's server averaging as the +swa plug-in)
+RELATED_WORK = ("fedavg", "fedsam", "fedasam", "fedsam+swa", "fedsmoo", "fedgamma", "fedlesam", "fedgloss", "fedgmt",
+                "fedwmsam", "fedgam", "fedup")
+
+
+def test_the_related_work_sweep_runs_every_method_like_for_like():
+    """sweeps/related_work.yaml lists the twelve methods, every one registered (a missing preset fails here, it is
+    not skipped), its --smoke runs all of them (test_shipped_sweeps_validate_and_their_smoke_runs runs it), and
+    the members share every convention: the table compares methods only."""
+    from hf_fedflat.algorithms.registry import get_preset
+
+    values = yaml.safe_load((SWEEP_ROOT / "related_work.yaml").read_text())
+    names = [entry if isinstance(entry, str) else entry["fed_algorithm"] for entry in values["algorithms"]]
+    assert names == list(RELATED_WORK)
+    missing = []
+    for name in names:
+        try:
+            get_preset(name)
+        except ValueError:
+            missing.append(name)
+    assert not missing, f"presets not registered yet: {', '.join(missing)}"
+    assert "algorithms" not in values["smoke"] and values["baseline"] == "fedavg"
+    config = load_sweep_config(str(SWEEP_ROOT / "related_work.yaml"), smoke=True, validate=False)
+    assert [m.algorithm for m in config.members if m.seed == 0] == list(RELATED_WORK)
+    assert not config.convention_report.mixed, config.convention_report.lines()
