@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hf_fedflat import build_algorithm
 from hf_fedflat.algorithms import LocalResult
 
-from step_helpers import context, descend, grad_of, run_client, server, setup, three_updates, vector
+from step_helpers import context, descend, grad_of, make_trainer, run_client, server, setup, three_updates, vector
 
 
 def test_fedgmt_local_objective_and_dual(tmp_path, tiny_model, tiny_data):
@@ -58,3 +59,48 @@ def test_the_moving_average_of_the_global_models_over_rounds(tmp_path):
         ema = a * ema + (1 - a) * w
         torch.testing.assert_close(state["fedgmt"]["ema"], ema, rtol=0, atol=1e-6)
         torch.testing.assert_close(algorithm.broadcast(state)["fedgmt"]["ema"], ema, rtol=0, atol=1e-6)
+
+
+def test_fedgmt_on_a_tiny_bert_classifier(tmp_path):
+    """One step of a tiny BERT classifier: the teacher's logits come from ``ctx.outputs_at`` (a transformers
+    ``ModelOutput``), the step equals the hand objective, clipped to ``max_grad_norm`` like every final direction."""
+    import datasets
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                        num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertForSequenceClassification(config)
+    ids, labels = torch.randint(1, 30, (4, 5)), torch.tensor([0, 1, 2, 1])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(),
+                                       "labels": labels.tolist()}).with_format("torch")
+    args, trainer = make_trainer(tmp_path, model, fed_algorithm="fedgmt")
+    algorithm = build_algorithm(args)
+    space = trainer.space
+    w0 = space.flatten()
+    ema, dual = w0 + vector(w0.numel(), 1, 0.2), vector(w0.numel(), 2, 0.05)
+    tau, beta = 3.0, 10.0
+
+    def logits_at(w):
+        return torch.func.functional_call(model, dict(zip(space.names, space.split(w))), args=(),
+                                          kwargs={"input_ids": ids, "attention_mask": mask}).logits
+
+    with torch.no_grad():
+        teacher = torch.softmax(logits_at(ema) / tau, dim=1)
+
+    def gradient(w, weight):
+        w = w.detach().clone().requires_grad_(True)
+        z = logits_at(w)
+        kl = (teacher * (teacher.log() - torch.log_softmax(z / tau, dim=1))).sum(dim=1).mean()
+        loss = nn.functional.cross_entropy(z, labels) + weight * tau ** 2 * kl
+        return torch.autograd.grad(loss, w)[0] + weight * dual / beta
+
+    def clip(g):
+        return g * min(1.0, args.max_grad_norm / (float(g.norm()) + 1e-6))
+
+    expected = w0 - 0.1 * clip(gradient(w0, 1.0))
+    ctx = context(trainer, broadcast={"fedgmt": {"ema": ema}}, state={"fedgmt": {"dual": dual}})
+    run_client(trainer, algorithm, data, ctx, steps=1)
+    torch.testing.assert_close(space.flatten(), expected, rtol=0, atol=1e-6)
+    assert (expected - (w0 - 0.1 * clip(gradient(w0, 0.0)))).abs().max() > 1e-3  # the terms matter here

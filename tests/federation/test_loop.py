@@ -50,7 +50,8 @@ def test_clients_train_different_data_each_round(tmp_path):
     assert len(set(picked)) > 1  # seeded sampling varies across rounds
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedgamma", "fedlesam", "fedadam", "fedsmoo", "mofedsam", "fedup"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedgamma", "fedlesam", "fedadam", "fedsmoo", "mofedsam", "fedup",
+                                       "fedasam", "fedgmt", "fedwmsam"])
 def test_resume_equals_uninterrupted(tmp_path, algorithm):
     """Stop after round 2 (checkpoint), resume in a fresh trainer: same final model, same history."""
     _, full = run(tmp_path / "full", fed_algorithm=algorithm)

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hf_fedflat.training import ParameterSpace
 
-from step_helpers import EPS, LR, context, flat, hand_grad, run_client, setup
+from step_helpers import EPS, LR, context, flat, hand_grad, run_client, setup, small_run
 
 
 def asam_direction(model, params, x, y, rho, eta):
@@ -49,3 +50,15 @@ def test_the_weight_mask_follows_the_parameter_names(tiny_model):
     expected = torch.cat([torch.ones(20), torch.zeros(5), torch.ones(15), torch.zeros(3)]).bool()
     assert torch.equal(mask, expected)
     assert space.parameter_mask("weight") is mask  # built once
+
+
+@pytest.mark.parametrize("settings", [
+    dict(perturbation="asam", corrections="scaffold"), dict(fed_algorithm="fedasam+fedgh"),
+    dict(fed_algorithm="dfedavg", perturbation="asam"), dict(fed_algorithm="fedgmt", perturbation="asam"),
+    dict(fed_algorithm="fedwmsam", aggregator="mean+fedgh"),
+], ids=["scaffold", "fedgh", "decentralized", "fedgmt", "fedwmsam_fedgh"])
+def test_the_new_pieces_compose(tmp_path, settings):
+    trainer, output = small_run(tmp_path, num_rounds=2, num_clients=4, clients_per_round=2, **settings)
+    assert torch.isfinite(output.params).all() and len(trainer.history) == 2
+    algorithm = trainer.algorithm
+    assert algorithm.perturbation.name == settings.get("perturbation", algorithm.perturbation.name)
