@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from hf_fedflat import FedTrainingArguments, init_process_group
 from hf_fedflat.cli.comparison import format_markdown, run_comparison, write_comparison
+from hf_fedflat.cli.conventions import check_convention_mode
 from hf_fedflat.data import load_digits_dataset
 from hf_fedflat.federation.run_folder import claimed_run_folder
 from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED
@@ -55,9 +56,15 @@ class QuickstartArguments:
     model_name: str = field(default="small_cnn", metadata={"help": "Model factory name (hf_fedflat.models)."})
     image_size: int = field(default=16, metadata={"help": "Side the 8x8 digits are upscaled to."})
     smoke: bool = field(default=False, metadata={"help": "A run of seconds: FedAvg vs FedSAM, 4 clients, 2 rounds."})
+    conventions: str = field(
+        default="aligned",
+        metadata={"help": "A comparison's conventions: aligned (every convention left unset, e.g. "
+                          "aggregation_weights, takes the first algorithm's value) or per_method (each preset's own)."},
+    )
 
     def __post_init__(self):
         ModelArguments(model_name=self.model_name, image_size=self.image_size)  # train's checks of the two fields
+        check_convention_mode("conventions", self.conventions)
 
 
 def parse(argv: list[str]) -> tuple[QuickstartArguments, FedTrainingArguments, bool]:
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows, histories = run_comparison(
             args, names,
             lambda: create_model(quick.model_name, num_classes=10, in_chans=1, image_size=quick.image_size),
-            data["train"], data["test"], single_run=single,
+            data["train"], data["test"], single_run=single, conventions=quick.conventions,
         )
     if group.is_main:
         table = format_markdown(rows)
