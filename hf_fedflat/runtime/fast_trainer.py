@@ -30,12 +30,13 @@ from transformers.trainer_utils import SchedulerType
 from ..training.client_trainer import ClientTrainer
 from ..training.step import StepResult
 from . import client_loop, fast_step, switch
+from .eval_data import EvalDataCache, eval_dataloader
 from .materialize import Materialized, materialize, skip_missing_video_reader, wrap_collator
 from .memory import HeapTrimmer
 
 #: the mechanisms :class:`FastClientTrainer` applies (with all of them off a run builds the plain ``ClientTrainer``)
 TRAINER_MECHANISMS = ("optimizer_reuse", "step_buffers", "free_memory", "cached_lookups", "seed_shortcut",
-                      "heap_trim", "client_loop", "materialize")
+                      "heap_trim", "client_loop", "materialize", "eval_rows")
 
 
 def client_trainer_class() -> type[ClientTrainer]:
@@ -90,6 +91,8 @@ class FastClientTrainer(ClientTrainer):
         self.lean_forward_backward: Callable | None = None
         #: returns the heap memory of finished clients to the OS (call :meth:`release_memory` between clients)
         self.heap = HeapTrimmer()
+        #: evaluation sets read once (mechanism ``eval_rows``, :mod:`.eval_data`)
+        self.eval_data = EvalDataCache()
 
     @property
     def keeps_step_buffers(self) -> bool:
@@ -150,6 +153,24 @@ class FastClientTrainer(ClientTrainer):
         if prepared is None:
             return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
         return prepared
+
+    # -- evaluation: every evaluation, prediction, diagnostic and full gradient reads through these --------------
+    def get_eval_dataloader(self, eval_dataset=None):
+        """The Trainer's, or its batches from the evaluation set read once (mechanism ``eval_rows``)."""
+        dataset = (self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) and self.eval_dataset is not None
+                   else eval_dataset if eval_dataset is not None else self.eval_dataset)
+        loader = self._eval_rows_loader(dataset, "Evaluation")
+        return loader if loader is not None else super().get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset):
+        """The Trainer's, or its batches from the test set read once (mechanism ``eval_rows``)."""
+        loader = self._eval_rows_loader(test_dataset, "test")
+        return loader if loader is not None else super().get_test_dataloader(test_dataset)
+
+    def _eval_rows_loader(self, dataset, description: str):
+        if dataset is None or isinstance(dataset, str) or not self.fast_path("eval_rows"):
+            return None
+        return eval_dataloader(self, dataset, self.eval_data, description)
 
     # -- the algorithm's step -------------------------------------------------------------------------
     def forward_backward(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
