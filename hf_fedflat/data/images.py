@@ -473,6 +473,8 @@ def image_transform(
             )
         return {"pixel_values": (pixels - mean_t) / std_t, **_labels(batch, label_column)}
 
+    # without augmentation, the same batch gives the same output: evaluation may keep it (hf_fedflat.runtime.eval_data)
+    transform.deterministic = not train_augmentation
     return transform
 
 
@@ -672,6 +674,7 @@ def timm_transform(
         pixels = torch.stack(images) if images else torch.zeros(0, *config["input_size"])
         return {"pixel_values": pixels.float(), **_labels(batch, label_column)}
 
+    transform.deterministic = not train_augmentation  # (see image_transform)
     return transform
 
 

@@ -151,6 +151,8 @@ def image_classification_transform(
             out["labels"] = torch.as_tensor(np.asarray(batch[label_column], dtype=np.int64))
         return out
 
+    # the same batch gives the same output: evaluation may keep it (hf_fedflat.runtime.eval_data)
+    transform.deterministic = True
     return transform
 
 

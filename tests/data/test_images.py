@@ -130,3 +130,14 @@ def test_resolve_data_config_from_models():
         resolve_data_config(create_model("small_cnn", num_classes=3, image_size=16))
     with pytest.raises(ValueError, match="data_config\\['mean'\\] has 2 values"):
         resolve_data_config({"input_size": (3, 8, 8), "mean": (0.1, 0.2)})
+
+
+def test_evaluation_transforms_declare_themselves_deterministic():
+    """Only a transform without random augmentation may have its evaluation batches kept (runtime.eval_data)."""
+    from hf_fedflat.data.transforms import image_classification_transform
+
+    assert image_transform(None, 0.5, 0.5, in_chans=1).deterministic is True
+    assert image_transform(None, 0.5, 0.5, in_chans=1, train_augmentation=True).deterministic is False
+    assert timm_transform(CONFIG).deterministic is True
+    assert timm_transform(CONFIG, train_augmentation=True).deterministic is False
+    assert image_classification_transform(8, 0.5, 0.5).deterministic is True
