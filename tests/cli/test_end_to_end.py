@@ -183,3 +183,126 @@ def test_bad_dataset_arguments_are_named(assets, tmp_path, capsys):
         assert main(["train", *flags, "--output_dir", str(out), *COMMON]) == 2, flags
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and re.search(message, err[0]) and "Traceback" not in err[0], (flags, err)
+
+
+# --- --metrics, generations, token classification ------------------------------------------------------------------
+def _event_tags(output_dir):
+    """Scalar and tensor (text) tags of the run's TensorBoard events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars, tensors = set(), set()
+    for events in output_dir.rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        scalars |= set(accumulator.Tags()["scalars"])
+        tensors |= set(accumulator.Tags()["tensors"])
+    return scalars, tensors
+
+
+def test_chosen_classification_metrics_equal_sklearn_and_reach_history_and_tensorboard(assets, tmp_path):
+    from sklearn.metrics import f1_score, matthews_corrcoef
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    argv = ["--model_name_or_path", assets["bert"], "--dataset_name", assets["sentiment"], "--num_clients", "3",
+            "--partition_scheme", "iid", "--metrics", "accuracy,f1,matthews"]
+    assert main(["train", *argv, "--output_dir", str(tmp_path), *COMMON, "--local_steps", "8"]) == 0
+    last, final = json.loads((tmp_path / "history.json").read_text())[-1], tmp_path / "final_model"
+    model = AutoModelForSequenceClassification.from_pretrained(final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    test = datasets.load_from_disk(assets["sentiment"])["test"]
+    with torch.no_grad():
+        predicted = [int(model(**tokenizer(text, return_tensors="pt")).logits.argmax()) for text in test["text"]]
+    labels = list(test["label"])
+    assert last["eval_accuracy"] == pytest.approx(np.mean(np.array(predicted) == labels), abs=1e-9)
+    assert last["eval_f1_macro"] == pytest.approx(f1_score(labels, predicted, average="macro"), abs=1e-9)
+    assert last["eval_f1_micro"] == pytest.approx(f1_score(labels, predicted, average="micro"), abs=1e-9)
+    assert last["eval_matthews"] == pytest.approx(matthews_corrcoef(labels, predicted), abs=1e-9)
+    assert len(set(predicted)) == 2  # both classes predicted: the scores are not a constant guess's
+    assert "eval_precision_macro" not in last and "eval_recall_micro" not in last  # only what was chosen
+    out = tmp_path / "tb"
+    assert main(["train", *argv, "--output_dir", str(out), *COMMON[:-2], "--report_to", "tensorboard"]) == 0
+    scalars, _ = _event_tags(out)
+    assert {"eval/f1_macro", "eval/f1_micro", "eval/matthews", "eval/accuracy"} <= scalars  # (eval_x as eval/x)
+
+
+def _greedy(model, tokenizer, prompt: str, steps: int) -> str:
+    """Greedy continuation written out: the argmax token appended, one forward pass each, stopping at EOS."""
+    ids = tokenizer(prompt)["input_ids"]
+    new = []
+    with torch.no_grad():
+        for _ in range(steps):
+            next_id = int(model(input_ids=torch.tensor([ids + new])).logits[0, -1].argmax())
+            if next_id == tokenizer.eos_token_id:
+                break
+            new.append(next_id)
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def test_causal_lm_chosen_metrics_and_generations_in_history_and_tensorboard(assets, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = [PROMPT_NO_INPUT.format(instruction="Repeat the colours ."), "the movie was"]
+    assert main(["train", "--model_name_or_path", assets["gpt2"], "--dataset_name", assets["alpaca"], "--num_clients",
+                 "3", "--partition_scheme", "iid", "--max_seq_length", "64", "--metrics", "perplexity",
+                 "--generation_prompts", *prompts, "--generation_max_new_tokens", "4", "--output_dir", str(tmp_path),
+                 *COMMON[:-2], "--report_to", "tensorboard"]) == 0
+    history = json.loads((tmp_path / "history.json").read_text())
+    last, final = history[-1], tmp_path / "final_model"
+    assert {k for k in last if k.startswith("eval_")} == {"eval_loss", "eval_perplexity", "eval_tokens"} | {
+        k for k in last if k.startswith("eval_") and k.endswith("_time")}  # the Trainer's own timing aside
+    model = AutoModelForCausalLM.from_pretrained(final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    nll, count, _ = _response_statistics(model, tokenizer, _alpaca_eval_rows(assets["alpaca"]))
+    assert last["eval_perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-4)
+    assert all([g["prompt"] for g in record["generations"]] == prompts for record in history)
+    assert [g["completion"] for g in last["generations"]] == [_greedy(model, tokenizer, p, 4) for p in prompts]
+    _, tensors = _event_tags(tmp_path)
+    assert any("generations" in tag for tag in tensors)
+
+
+def test_token_classification_end_to_end_entity_f1_reproduced(tmp_path):
+    from seqeval.metrics import f1_score
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from hf_fedflat.data.ner import read_conll
+    from hf_fedflat.data.tiny_text import train_wordpiece_tokenizer, write_conll_data
+
+    model_dir = write_tiny_model(tmp_path / "ner_model", "bert_token_classification", num_labels=7,
+                                 tokenizer=train_wordpiece_tokenizer())
+    conll = write_conll_data(tmp_path / "conll", train_sentences=60, test_sentences=16)
+    last, final = _train(["--model_name_or_path", model_dir, "--dataset_name", conll, "--num_clients", "3",
+                          "--partition_scheme", "dirichlet", "--dirichlet_alpha", "1.0"], tmp_path / "run")
+    model = AutoModelForTokenClassification.from_pretrained(final).eval()
+    assert model.config.id2label == dict(enumerate(["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"]))
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    truth, predicted = [], []
+    for sentence in read_conll(str(tmp_path / "conll" / "test.txt")):
+        encoded = tokenizer(sentence["tokens"], is_split_into_words=True, return_tensors="pt")
+        with torch.no_grad():
+            ids = model(**encoded).logits[0].argmax(-1).tolist()
+        word_ids = encoded.word_ids(0)
+        first = [i for i, w in enumerate(word_ids) if w is not None and (i == 0 or word_ids[i - 1] != w)]
+        predicted.append([model.config.id2label[ids[i]] for i in first])
+        truth.append(sentence["ner_tags"])
+    assert last["eval_f1"] == pytest.approx(f1_score(truth, predicted), abs=1e-9)
+    assert {"eval_precision", "eval_recall", "eval_accuracy"} <= set(last)
+    part = json.loads((tmp_path / "run" / "partition.json").read_text())
+    assert part["scheme"] == "dirichlet"
+
+
+def test_metrics_refused_before_the_data_loads(assets, tmp_path, capsys):
+    """A metric the task has not, or an unknown one, is one line naming metrics and exit 2; the dataset (a Hub id
+    that cannot load here) is never read."""
+    cases = [
+        (["--model_name_or_path", assets["bert"], "--metrics", "perplexity"],
+         r"error: metrics: 'perplexity' does not apply to text-classification"),
+        (["--model_name_or_path", assets["gpt2"], "--metrics", "accuracy"], r"error: metrics: 'accuracy' does not apply to causal-lm"),
+        (["--model_name_or_path", assets["bert"], "--metrics", "bleu"], r"error: metrics: unknown 'bleu'"),
+        (["--model_name_or_path", assets["bert"], "--generation_prompts", "hello"], r"error: generation_prompts: "),
+    ]
+    for index, (flags, message) in enumerate(cases):
+        out = tmp_path / str(index)
+        assert main(["train", *flags, "--dataset_name", "no-such-user/no-such-data", "--output_dir", str(out),
+                     *COMMON]) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and re.search(message, err[0]), (flags, err)
