@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms.base import (
-    EPS, Aggregator, ClientUpdate, PieceConfig, StateDict, Tensor, check_choice, hyperparameter,
+    EPS, Aggregator, AggregatorPlugin, ClientUpdate, PieceConfig, StateDict, Tensor, check_choice, hyperparameter,
     register_aggregator_plugin,
 )
 
@@ -135,7 +135,7 @@ def round_seed(seed: int, client_ids: list[int]) -> int:
 
 
 @register_aggregator_plugin
-class HarmonizedAggregator(Aggregator):
+class HarmonizedAggregator(AggregatorPlugin):
     """Harmonize the clients' updates with :func:`harmonize` (or, with ``fedgh_mode="sequential"``,
     :func:`sequential_coefficients`, seeded by :func:`round_seed`), then aggregate them with ``base``.
 
@@ -143,7 +143,8 @@ class HarmonizedAggregator(Aggregator):
     FedAdam), the harmonized updates are never built: ``sum_i p_i Delta'_i = sum_k (C^T p)_k Delta_k``, so the
     base rule gets the original updates with the weights ``C^T p``. Other rules get the harmonized updates.
 
-    The round's conflict ratio (share of sampled pairs with negative cosine, FedGH Fig. 2) is kept in
+    Every other hook (the weights sent, the client learning rate, the evaluated model) is the base rule's. The
+    round's conflict ratio (share of sampled pairs with negative cosine, FedGH Fig. 2) is kept in
     :attr:`last_conflict_ratio` for the diagnostics.
     """
 
@@ -154,14 +155,9 @@ class HarmonizedAggregator(Aggregator):
     min_clients_per_round = 2
 
     def __init__(self, base: Aggregator, config: FedGHConfig | None = None, seed: int = 0):
-        super().__init__(config)
-        self.base = base
+        super().__init__(base, config)
         self.seed = seed
-        self.name = f"{base.name}+{self.plugin}"
         self.last_conflict_ratio: float | None = None
-
-    def init_state(self, params: Tensor) -> StateDict:
-        return self.base.init_state(params)
 
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict

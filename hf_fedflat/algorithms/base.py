@@ -31,14 +31,14 @@ from .topology import TOPOLOGIES, MixingMatrix, Topology, load_edges
 
 __all__ = [
     # what a piece file needs besides its base class: config, checks, registration, shared constants
-    "DELTA_SHIFT", "EPS", "RHO_HELP", "SERVER_LEARNING_RATE_HELP", "PieceConfig", "Tensor", "StateDict", "check_choice",
-    "check_integer", "check_number", "fail", "global_norm", "ascent_offset", "hyperparameter", "register_aggregator",
-    "register_aggregator_plugin", "register_correction", "register_perturbation", "registered_pieces",
-    "weighted_delta", "weighted_sum",
+    "DELTA_SHIFT", "EPS", "RHO_HELP", "RHO_START_HELP", "RHO_WARMUP_HELP", "SERVER_LEARNING_RATE_HELP", "PieceConfig",
+    "Tensor", "StateDict", "check_choice", "check_integer", "check_number", "fail", "global_norm", "ascent_offset",
+    "hyperparameter", "ramped_radius", "register_aggregator", "register_aggregator_plugin", "register_correction",
+    "register_perturbation", "registered_pieces", "weighted_delta", "weighted_sum",
     # the decentralized mixing rule's graphs
     "TOPOLOGIES", "MixingMatrix", "Topology", "load_edges",
     # the pieces and what they see
-    "Aggregator", "Capabilities", "ClientContext", "ClientPiece", "ClientUpdate", "Correction",
+    "Aggregator", "AggregatorPlugin", "Capabilities", "ClientContext", "ClientPiece", "ClientUpdate", "Correction",
     "FixedOffsetPerturbation", "GradientOracle", "LocalResult", "LossContext", "LossTerm", "MixingRule", "Perturbation",
     "Piece", "RoundSummary", "SharpnessAware",
 ]
@@ -284,6 +284,19 @@ RHO_HELP = "Perturbation radius rho of the SAM-type steps: the length of the asc
 SERVER_LEARNING_RATE_HELP = "Server learning rate eta_g: w <- w + eta_g * sum_i p_i (w_i - w)."
 
 
+#: help texts of the radius ramp that SAM (``rho``) and FedGloSS's server step (``fedgloss_rho``) share
+RHO_START_HELP = "Radius ramp: the radius in round 0, rising linearly to its value over rho_warmup_rounds rounds."
+RHO_WARMUP_HELP = ("Radius ramp: rounds T_s over which the radius rises linearly from rho_start to its value "
+                   "(FedGloSS); 0 or 1: no ramp.")
+
+
+def ramped_radius(rho: float, rho_start: float, warmup_rounds: int, round_index: int) -> float:
+    """``rho_start + (rho - rho_start) * t / T_s`` in round ``t < T_s``, then ``rho`` (no ramp when ``T_s <= 1``)."""
+    if warmup_rounds <= 1 or round_index >= warmup_rounds:
+        return rho
+    return rho_start + (rho - rho_start) * round_index / warmup_rounds
+
+
 def ascent_offset(gradient: Tensor, rho: float) -> Tensor:
     """``rho * g / ||g||``: SAM's ascent step for the gradient ``g`` (a new vector)."""
     return gradient * (rho / (global_norm(gradient) + EPS))
@@ -373,7 +386,14 @@ class Capabilities:
 
 
 class Aggregator(Piece, ABC):
-    """The server rule: new global weights from the clients' updates."""
+    """The server rule: new global weights from the clients' updates.
+
+    Besides :meth:`aggregate`, a rule may override three hooks whose defaults leave a run as FedAvg's round has it
+    (the server's ``w^t`` is what clients receive, what is evaluated and saved; the round's learning rate is the
+    run's): :meth:`broadcast_weights` (FedGloSS sends ``w^t`` shifted by a server ascent step),
+    :meth:`client_learning_rate` and :meth:`evaluation_weights` with :meth:`end_round` (SWA's cyclic client
+    learning rate and averaged model).
+    """
 
     capabilities: ClassVar[Capabilities] = Capabilities()
 
@@ -384,7 +404,67 @@ class Aggregator(Piece, ABC):
     def aggregate(
         self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
     ) -> tuple[Tensor, StateDict]:
-        """Returns ``(w^{t+1}, new aggregator state)``; ``weights`` are the ``p_i`` (sum to 1)."""
+        """Returns ``(w^{t+1}, new aggregator state)``; ``weights`` are the ``p_i`` (sum to 1). ``params`` is the
+        server's ``w^t``; each update's delta is ``w_i`` minus what the client received
+        (:meth:`broadcast_weights`)."""
+
+    def broadcast_weights(self, round_index: int, params: Tensor, state: StateDict) -> Tensor:
+        """The weights every client receives and starts round ``round_index`` from, given the server's ``w^t``
+        (default: ``w^t`` itself). The clients' ``ctx.global_params`` and deltas are measured from them, while the
+        server keeps ``w^t``: :meth:`aggregate` receives ``w^t`` and deltas from the weights sent. Computed on the
+        main process only, from ``(round, w^t, state)``: a resumed run sends the same weights."""
+        return params
+
+    def client_learning_rate(self, round_index: int, learning_rate: float) -> float:
+        """The local learning rate of round ``round_index``, given the run's (``learning_rate *
+        lr_decay_per_round^t``; default: that one). A function of the round alone: every process computes it."""
+        return learning_rate
+
+    def end_round(self, state: StateDict, summary: RoundSummary) -> StateDict:
+        """State after a round that aggregated (``summary.new_params`` is ``w^{t+1}``), for bookkeeping keyed to the
+        round (SWA's fold at the end of a cycle); default: unchanged."""
+        return state
+
+    def evaluation_weights(self, params: Tensor, state: StateDict) -> Tensor:
+        """The weights evaluated and saved as the run's model, given the server's ``w^t`` (default: ``w^t``);
+        training and checkpoints continue from ``w^t``."""
+        return params
+
+
+class AggregatorPlugin(Aggregator):
+    """A rule in front of another (``base``), written as a suffix of any aggregator or preset: ``mean+fedgh``.
+
+    Every hook is the base rule's unless the plug-in overrides it, so a plug-in composes with a rule that sends
+    other weights (FedGloSS) or keeps state; ``plugin`` is the suffix, and the plug-in's ``name`` the composition's
+    (``"mean+fedgh"``). Registered with ``register_aggregator_plugin``; ``run_settings`` as for a piece.
+    """
+
+    plugin: ClassVar[str] = ""
+
+    def __init__(self, base: Aggregator, config: PieceConfig | None = None):
+        super().__init__(config)
+        self.base = base
+        self.name = f"{base.name}+{self.plugin}"
+
+    def init_state(self, params: Tensor) -> StateDict:
+        return self.base.init_state(params)
+
+    def aggregate(
+        self, params: Tensor, updates: list[ClientUpdate], weights: Tensor, state: StateDict
+    ) -> tuple[Tensor, StateDict]:
+        return self.base.aggregate(params, updates, weights, state)
+
+    def broadcast_weights(self, round_index: int, params: Tensor, state: StateDict) -> Tensor:
+        return self.base.broadcast_weights(round_index, params, state)
+
+    def client_learning_rate(self, round_index: int, learning_rate: float) -> float:
+        return self.base.client_learning_rate(round_index, learning_rate)
+
+    def end_round(self, state: StateDict, summary: RoundSummary) -> StateDict:
+        return self.base.end_round(state, summary)
+
+    def evaluation_weights(self, params: Tensor, state: StateDict) -> Tensor:
+        return self.base.evaluation_weights(params, state)
 
 
 class MixingRule(Piece, ABC):

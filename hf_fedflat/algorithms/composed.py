@@ -91,14 +91,17 @@ class FederatedAlgorithm:
         num_clients: int,
         learning_rate: float = 0.0,
     ) -> tuple[Tensor, dict[str, StateDict]]:
-        """Aggregate, then let every piece's server half see the round."""
+        """Aggregate (then the aggregator's end of round), then let every piece's server half see the round.
+        ``params`` is the server's ``w^t``, the updates' deltas are measured from what the clients received
+        (``aggregator.broadcast_weights``)."""
         new_state = dict(server_state)
         new_params, aggregator_state = self.aggregator.aggregate(
             params, updates, weights, server_state.get(AGGREGATOR_KEY, {})
         )
+        summary = RoundSummary(round_index, params, new_params, updates, weights, num_clients, learning_rate)
+        aggregator_state = self.aggregator.end_round(aggregator_state, summary)
         if aggregator_state:
             new_state[AGGREGATOR_KEY] = aggregator_state
-        summary = RoundSummary(round_index, params, new_params, updates, weights, num_clients, learning_rate)
         for piece in self.client_pieces:
             if piece.name in new_state:
                 new_state[piece.name] = piece.update_server_state(new_state[piece.name], summary)

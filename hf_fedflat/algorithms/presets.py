@@ -125,6 +125,17 @@ register_preset(AlgorithmSpec(
     "Li et al., FedWMSAM: Fast and Flat Federated Learning via Weighted Momentum and Sharpness-Aware Minimization, "
     "NeurIPS 2025"))
 
+# --- newer flatness methods: FedGloSS, FedSWA (server halves; FedSWA is the +swa plug-in on any server preset) ---
+register_preset(AlgorithmSpec(
+    "fedgloss", "sam", ("fedgloss",), "fedgloss",
+    "SAM on the server along the last pseudo-gradient (sent as w~), SAM clients with ADMM duals sigma_k, sigma.",
+    "Caldarola et al., Beyond Local Sharpness: Communication-Efficient Global Sharpness-aware Minimization for "
+    "Federated Learning, CVPR 2025", defaults={"rho": 0.15, "rho_warmup_rounds": 2000}))
+register_preset(AlgorithmSpec(
+    "fedswa", "none", (), "mean+swa",
+    "FedAvg with a cyclic client learning rate from 0.75 T and the server's average of the cycle-end models.",
+    "Caldarola et al., Improving Generalization in Federated Learning by Seeking Flat Minima, ECCV 2022"))
+
 # --- decentralized: perturbation x gossip (no server); local step, sampling and gossip are shared code ----------
 #: the seeds' decentralized set-up: every client trains every round (only the server baselines sample 10%)
 FULL = {"decentralized_participation": "full"}

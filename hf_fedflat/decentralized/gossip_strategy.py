@@ -140,7 +140,11 @@ class GossipStrategy:
             return list(range(args.num_clients))
         return sample_clients(args.num_clients, args.num_clients_per_round, args.seed, round_index)
 
-    def send(self, comm, shares: list[list[int]]) -> dict:
+    def learning_rate(self, round_index: int, learning_rate: float) -> float:
+        """The run's schedule: the gossip rule drives no client learning rate (server plug-ins are refused)."""
+        return learning_rate
+
+    def send(self, comm, shares: list[list[int]], round_index: int) -> dict:
         """main -> each process: the own models (and states) of the clients it trains this round."""
         per_process = None
         if comm.is_main:
@@ -221,6 +225,9 @@ class GossipStrategy:
 
     def model(self) -> dict[str, torch.Tensor]:
         return self._average if self._average is not None else self.average_model()[0]
+
+    def evaluation_model(self) -> dict[str, torch.Tensor]:
+        return self.model()
 
     def server_state(self) -> dict:
         return {}

@@ -9,7 +9,7 @@ inputs, the gather of the results)::
 
     clients = strategy.sample(t)                      # seeded: the same draw on every process
     shares  = split across processes by predicted time (main decides, broadcasts)
-    inputs  = strategy.send(comm, shares)             # w^t / own models, broadcast, client states
+    inputs  = strategy.send(comm, shares, t)          # w^t (or what the aggregator sends) / own models, ...
     for each of this process's clients: train from strategy.client_start(...), failure policy
     gather the updates (wire format) -> main: strategy.apply(...) -> record, eval, history, checkpoint
 
@@ -82,11 +82,11 @@ def _run(trainer, resume, history_file) -> FederatedTrainOutput:
             watch.check(f" before round {round_index + 1}")
         round_start = time.perf_counter()
         clients = strategy.sample(round_index)
-        learning_rate = args.learning_rate * args.lr_decay_per_round**round_index
+        learning_rate = strategy.learning_rate(round_index, args.learning_rate * args.lr_decay_per_round**round_index)
         trainer.call_callbacks("on_round_begin", round_index, clients)
 
         shares = _split(trainer, clients)
-        received = strategy.send(comm, shares)
+        received = strategy.send(comm, shares, round_index)
         updates, failures = _train_share(trainer, round_index, learning_rate, shares[comm.rank], received, round_start,
                                          watch)
 
@@ -220,7 +220,7 @@ def _apply(trainer, round_index: int, learning_rate: float, updates, failures: d
         updates = []
     trainer.call_callbacks("on_aggregate", round_index, updates)
     if (round_index + 1) % args.eval_every_n_rounds == 0 or round_index + 1 == args.num_rounds:
-        model = strategy.model()
+        model = strategy.evaluation_model()  # (SWA: the averaged model, not the one training continues from)
         params, buffers = model["params"], model.get("buffers")
         if trainer.eval_generation is not None:  # greedy continuations of fixed prompts (hf_fedflat.metrics.generation)
             trainer.load_weights(params, buffers)
@@ -234,14 +234,15 @@ def _apply(trainer, round_index: int, learning_rate: float, updates, failures: d
 
 
 def _finish(trainer, reporter) -> FederatedTrainOutput:
-    """Every process: the final model; main process: saved to ``final_model/``, end-of-run callbacks.
+    """Every process: the final model (the strategy's evaluation model); main process: saved to ``final_model/``,
+    end-of-run callbacks.
 
     A run in which no round aggregated any client fails instead (:func:`_fail`): its model is the initial one."""
     comm, final_dir = trainer.comm, None
     untrained = comm.broadcast_object(untrained_reason(trainer.history) if comm.is_main else None)
     if untrained is not None:
         _fail(trainer, reporter, untrained)
-    final = comm.broadcast_tensors(trainer.strategy.model() if comm.is_main else None)
+    final = comm.broadcast_tensors(trainer.strategy.evaluation_model() if comm.is_main else None)
     params = final["params"]
     trainer.load_weights(params, final.get("buffers"))
     if comm.is_main:

@@ -3,13 +3,16 @@
 A :class:`Strategy` answers, for the loop in :mod:`hf_fedflat.federation.loop`:
 
 - ``sample(round)``: which clients train (every process asks; the answer is seeded, the same everywhere);
-- ``send(comm, shares)``: what the processes receive for the round (a collective: every process calls it);
+- ``learning_rate(round, learning_rate)``: the round's local learning rate, given the run's schedule (every
+  process asks; a server rule may drive it: SWA's cycle);
+- ``send(comm, shares, round)``: what the processes receive for the round (a collective: every process calls it);
 - ``client_start(client_id, received)``: what one client starts from (:class:`~.client.ClientStart`);
 - ``apply(round, learning_rate, updates, weights)`` (main process): how the gathered results become the
   next state; returns the round's record fields of the strategy (the loop adds round, clients, loss, eval).
   A new state with a NaN or Inf is refused before it replaces the old one (:func:`refuse_non_finite` raises
   :class:`NonFiniteServerStep`; the loop counts the round as failed);
-- ``model()``: the run's current model ``{"params"[, "buffers"]}``: evaluated, checkpointed, and final;
+- ``model()``: the run's current model ``{"params"[, "buffers"]}``, what training continues from and checkpoints
+  hold; ``evaluation_model()``: the model evaluated and saved as the final one (SWA's average; else ``model()``);
 - ``server_state()``: what a checkpoint holds besides the model and the client-state store;
 - ``evaluate_more(evaluate)``: further eval metrics (decentralized: the clients' own models);
 - ``start(initial, restored)`` (main process) and ``describe()`` (for ``federated_config.json``);
@@ -28,6 +31,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ..algorithms import ClientUpdate
+from ..algorithms.composed import AGGREGATOR_KEY
 from ..algorithms.base import weighted_sum
 from ..diagnostics.run import tensor_bytes
 from .checkpoint import ClientStateTemplate, Restored
@@ -69,7 +73,9 @@ class Strategy(Protocol):
 
     def sample(self, round_index: int) -> list[int]: ...
 
-    def send(self, comm, shares: list[list[int]]) -> dict: ...
+    def learning_rate(self, round_index: int, learning_rate: float) -> float: ...
+
+    def send(self, comm, shares: list[list[int]], round_index: int) -> dict: ...
 
     def client_start(self, client_id: int, received: dict) -> ClientStart: ...
 
@@ -77,6 +83,8 @@ class Strategy(Protocol):
               weights: torch.Tensor | None) -> dict[str, Any]: ...
 
     def model(self) -> Weights: ...
+
+    def evaluation_model(self) -> Weights: ...
 
     def server_state(self) -> dict: ...
 
@@ -90,6 +98,10 @@ class Strategy(Protocol):
 class ServerStrategy:
     """Server FL: every round the sampled clients start from ``w^t`` (and what the pieces broadcast, and
     their own stored state); the algorithm's server step turns their updates into ``w^{t+1}``.
+
+    The aggregator's hooks decide what differs from that: the weights sent (``broadcast_weights``: the clients
+    start from them and their deltas are measured from them, the server keeps ``w^t``), the round's local
+    learning rate (``client_learning_rate``) and the model evaluated and saved (``evaluation_weights``).
 
     Args:
         algorithm: the run's ``FederatedAlgorithm``.
@@ -121,17 +133,25 @@ class ServerStrategy:
         args = self.args
         return sample_clients(args.num_clients, args.num_clients_per_round, args.seed, round_index)
 
-    def send(self, comm, shares: list[list[int]]) -> dict:
-        """main -> all: ``w^t`` (and buffers) and what the pieces broadcast; main -> each process: the states
-        of the clients it trains."""
+    def learning_rate(self, round_index: int, learning_rate: float) -> float:
+        return self.algorithm.aggregator.client_learning_rate(round_index, learning_rate)
+
+    def send(self, comm, shares: list[list[int]], round_index: int) -> dict:
+        """main -> all: the weights the aggregator sends (``w^t`` unless it says otherwise; and buffers) and what
+        the pieces broadcast; main -> each process: the states of the clients it trains."""
         main = comm.is_main
         payload = comm.broadcast_tensors(
-            round_payload(self.weights, self.algorithm.broadcast(self.state)) if main else None)
+            round_payload(self._sent_weights(round_index), self.algorithm.broadcast(self.state)) if main else None)
         self.payload_bytes = tensor_bytes(payload)
         payload.update(comm.scatter_tensors(
             [client_states_payload({c: self.store.get(c) for c in share}) for share in shares] if main else None))
         params, buffers, broadcast, states = split_payload(payload)
         return {"params": params, "buffers": buffers, "broadcast": broadcast, "states": states}
+
+    def _sent_weights(self, round_index: int) -> Weights:
+        sent = self.algorithm.aggregator.broadcast_weights(
+            round_index, self.weights["params"], self.state.get(AGGREGATOR_KEY, {}))
+        return {**self.weights, "params": sent}
 
     def client_start(self, client_id: int, received: dict) -> ClientStart:
         return ClientStart(received["params"], received["broadcast"], received["states"].get(client_id, {}),
@@ -159,6 +179,11 @@ class ServerStrategy:
 
     def model(self) -> Weights:
         return self.weights
+
+    def evaluation_model(self) -> Weights:
+        aggregator = self.algorithm.aggregator
+        params = aggregator.evaluation_weights(self.weights["params"], self.state.get(AGGREGATOR_KEY, {}))
+        return {**self.weights, "params": params}
 
     def server_state(self) -> dict:
         return self.state
