@@ -34,9 +34,9 @@ from hf_fedflat.cli.parsing import wants_smoke
 from hf_fedflat.cli.recipes import run_recipe, smoke_asset_flags
 
 DEFAULTS = [
-    "--model_name_or_path", "google-bert/bert-base-cased", "--task", "token-classification",
+    "--fed_algorithm", "fedavg", "--model_name_or_path", "google-bert/bert-base-cased", "--task", "token-classification",
     "--dataset_name", "eriktks/conll2003", "--max_seq_length", "128", "--max_eval_samples", "2000",
-    "--fed_algorithm", "fedavg", "--num_clients", "10", "--clients_per_round", "5",
+    "--num_clients", "10", "--clients_per_round", "5",
     "--partition_scheme", "dirichlet", "--dirichlet_alpha", "0.5", "--num_rounds", "20", "--local_steps", "20",
     "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "64", "--optim", "adamw_torch",
     "--learning_rate", "5e-5", "--max_grad_norm", "1.0", "--eval_every_n_rounds", "2", "--save_every_n_rounds", "5",

@@ -157,6 +157,20 @@ def test_text_recipes_smoke_offline(tmp_path, one_thread):
     assert experiment.args.partition_scheme == "dirichlet"
 
 
+def test_token_classification_recipe_smoke_offline(tmp_path, one_thread):
+    """`recipes/token_classification.py --smoke`: a tiny BERT token classifier, a WordPiece tokenizer and CoNLL files
+    written under <output_dir>/smoke_assets, 2 rounds, entity-level metrics in the history."""
+    experiment, output = load_recipe("token_classification").main(
+        ["--smoke", "--output_dir", str(tmp_path), "--disable_tqdm", "true"])
+    assert [r["round"] for r in output.history] == [1, 2]
+    last = output.history[-1]
+    assert all(0.0 <= last[f"eval_{k}"] <= 1.0 for k in ("f1", "precision", "recall", "accuracy"))
+    assert experiment.data.task == "token-classification" and experiment.data.label_names[0] == "O"
+    assert (tmp_path / "smoke_assets" / "conll" / "train.txt").is_file()
+    config = json.loads((tmp_path / "final_model" / "config.json").read_text())
+    assert config["id2label"]["0"] == "O" and config["architectures"] == ["BertForTokenClassification"]
+
+
 # --- --help and --smoke of every recipe ------------------------------------------------------------------------
 def first_default(defaults: list[str]) -> tuple[str, str]:
     """The first ``--flag value`` of a recipe's defaults whose value is a plain word."""
