@@ -72,7 +72,7 @@ import datasets  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from transformers import set_seed  # noqa: E402
 
-from hf_fedflat import FederatedTrainer  # noqa: E402
+from hf_fedflat import FedTrainingArguments  # noqa: E402
 from hf_fedflat.data import partition_dataset  # noqa: E402
 from hf_fedflat.models import create_model  # noqa: E402
 
@@ -348,12 +348,15 @@ def section_gossip(opts) -> list[dict]:
     batches = lambda: [{"pixel_values": d.x[i:i + EVAL_BATCH_SIZE], "labels": d.y[i:i + EVAL_BATCH_SIZE]}  # noqa: E731
                        for i in range(0, eval_rows, EVAL_BATCH_SIZE)]
     fetch = lambda rows: {"pixel_values": d.x[rows], "labels": d.y[rows]}  # noqa: E731
+    # every client's own model at every evaluation, stated where the arguments have the thinning fields
+    every = {k: v for k, v in (("local_eval_every_n_rounds", 1), ("local_eval_clients", num_clients))
+             if k in FedTrainingArguments.__dataclass_fields__}
     runners = {
         "plain_gossip_eval": lambda gate: run_plain_gossip(job, partition, fetch, plain_evaluator(batches, "cpu"), gate),
         # every client's own model evaluated every round (local_eval_models = all of them: no thinning)
         "dfedavg_eval": lambda gate: run_library("dfedavg_eval", job, digits_model, torch_dataset(d), torch_dataset(d),
                                                  partition, gate, algorithm="dfedavg", topology="ring",
-                                                 trainer_kwargs={"local_eval_models": num_clients}),
+                                                 trainer_kwargs={"local_eval_models": num_clients}, **every),
     }
     load_before = load_average()
     best = bench.lock_step_repeats(runners, repeats(opts), "whole run gossip")
