@@ -148,6 +148,18 @@ class FedTrainingArguments(TrainingArguments):
                           "'full' (every client trains every round, as in the seeds' decentralized comparisons). "
                           "Unset: the preset's (dfedavg, dfedavgm, dpsgd, dfedsam, dfedgam: full), else 'sampled'."},
     )
+    local_eval_every_n_rounds: int | None = field(
+        default=None,
+        metadata={"help": "Decentralized runs: evaluate the clients' own models every N rounds (a multiple of "
+                          "eval_every_n_rounds; and at the last round). Unset: at every evaluation. The average "
+                          "model and the consensus distance are measured as before, whatever N."},
+    )
+    local_eval_clients: int | None = field(
+        default=None,
+        metadata={"help": "Decentralized runs: how many clients' own models each such evaluation covers, drawn anew "
+                          "each round from (seed, round); 0: none (only the average model). Unset: every client when "
+                          "num_clients <= 20, else 10. history.json lists the clients evaluated."},
+    )
 
     # --- federation --------------------------------------------------------------------------------
     num_clients: int = field(default=100, metadata={"help": "Number of clients N the training data is split into."})
@@ -406,6 +418,14 @@ class FedTrainingArguments(TrainingArguments):
         if not isinstance(self.overwrite_output_dir, bool):
             fail("overwrite_output_dir", f"must be true or false, got {self.overwrite_output_dir!r}.")
         check_choice("decentralized_participation", self.decentralized_participation, DECENTRALIZED_PARTICIPATION)
+        if self.local_eval_every_n_rounds is not None:
+            check_integer("local_eval_every_n_rounds", self.local_eval_every_n_rounds)
+            if self.local_eval_every_n_rounds % self.eval_every_n_rounds:
+                fail("local_eval_every_n_rounds", f"must be a multiple of eval_every_n_rounds="
+                     f"{self.eval_every_n_rounds} (the local models are evaluated on evaluation rounds), got "
+                     f"{self.local_eval_every_n_rounds}.")
+        if self.local_eval_clients is not None:
+            check_integer("local_eval_clients", self.local_eval_clients, low=0)
         check_number("lr_decay_per_round", self.lr_decay_per_round, low=0.0, high=1.0, low_open=True)
         check_number("local_epochs", self.local_epochs, low=0.0, low_open=True)
         if self.local_steps is not None:

@@ -42,7 +42,7 @@ __all__ = ["DECENTRALIZED_RUN_FIELDS", "algorithm_label", "check_algorithm_setti
 logger = logging.getLogger(__name__)
 
 #: fields of the run itself (not of a piece) that only a decentralized run reads (its gossip strategy)
-DECENTRALIZED_RUN_FIELDS = ("decentralized_participation",)
+DECENTRALIZED_RUN_FIELDS = ("decentralized_participation", "local_eval_every_n_rounds", "local_eval_clients")
 _WARNED: set[str] = set()
 
 

@@ -25,15 +25,16 @@ class DecentralizedTrainer(FederatedTrainer):
     Same constructor and :meth:`train` as :class:`~hf_fedflat.FederatedTrainer`, plus:
 
     Args:
-        local_eval_models: how many local models to evaluate every eval round (their accuracy's mean and
-            std go to ``history.json``). Default: all of them when ``num_clients <= 20``, else a seeded
-            sample of 10 (the same clients every round); 0 evaluates only the average model.
+        local_eval_models: how many local models to evaluate on a local-evaluation round (their metrics' mean
+            and std go to ``history.json``); overrides ``args.local_eval_clients``. Default: all of them when
+            ``num_clients <= 20``, else 10, drawn anew each round from ``(seed, round)``; 0 evaluates only the
+            average model. Which rounds: ``args.local_eval_every_n_rounds`` (default: every evaluation).
 
     ``history.json`` records carry the keys of the federated loop (``eval_accuracy``/``eval_loss`` are
     those of the average model ``x_bar = mean_i x_i``; ``clients`` are the clients that trained) plus
     ``consensus_distance`` (``mean_i ||x_i - x_bar||`` after gossip), ``spectral_gap`` (of the round's ``W``),
-    ``bytes_gossip`` (models sent between neighbours) and, on eval rounds, ``local_eval_<metric>_mean`` /
-    ``_std`` over the evaluated local models. A client whose training fails (see ``max_update_norm``,
+    ``bytes_gossip`` (models sent between neighbours) and, on local-evaluation rounds, ``local_eval_<metric>_mean`` /
+    ``_std`` over the evaluated local models and ``local_eval_clients`` (which ones). A client whose training fails (see ``max_update_norm``,
     ``round_deadline_seconds``) is listed in ``failed_clients`` and gossips its model unchanged. The final
     model saved and returned is ``x_bar``.
     """
@@ -67,9 +68,9 @@ class DecentralizedTrainer(FederatedTrainer):
         self.strategy = GossipStrategy(self.algorithm, args, self.store, local_eval_models)
 
     # -- the clients' own models (main process) --------------------------------------------------------
-    @property
-    def local_eval_clients(self) -> list[int]:
-        return self.strategy.local_eval_clients
+    def local_eval_clients(self, round_index: int) -> list[int]:
+        """The clients whose own models are evaluated at round ``round_index`` (0-based; [] on other rounds)."""
+        return self.strategy.local_eval_clients(round_index)
 
     def local_model(self, client_id: int) -> dict[str, torch.Tensor]:
         """Client ``client_id``'s own model ``{"params": x_i[, "buffers": ...]}`` (main process only)."""
@@ -83,8 +84,8 @@ class DecentralizedTrainer(FederatedTrainer):
         """``mean_i ||x_i - x_bar||`` over the trainable parameters (float64; main process only)."""
         return self.strategy.consensus_distance(average)
 
-    def evaluate_local_models(self, client_ids: list[int] | None = None) -> dict[str, float]:
-        """Mean and std (over clients) of every eval metric of the clients' own models."""
+    def evaluate_local_models(self, client_ids: list[int] | None = None) -> dict:
+        """Mean and std (over clients) of every eval metric of the clients' own models, and which clients."""
         return self.strategy.evaluate_local_models(self.evaluate, client_ids)
 
 

@@ -39,8 +39,8 @@ from ..algorithms.topology import MixingMatrix
 DECENTRALIZED_FINGERPRINT_FIELDS = (
     "topology", "topology_degree", "topology_redraw", "topology_edges", "gossip_steps", "decentralized_participation",
 )
-_LOCAL_EVAL_STREAM = 0x10CA1  # seeds the sample of local models evaluated each eval round
-#: with more clients than this, a seeded sample of DEFAULT_LOCAL_EVAL_SAMPLE local models is evaluated
+_LOCAL_EVAL_STREAM = 0x10CA1  # seeds, with (seed, round), the sample of local models evaluated that round
+#: with more clients than this (and local_eval_clients unset), DEFAULT_LOCAL_EVAL_SAMPLE local models are evaluated
 LOCAL_EVAL_ALL_UP_TO = 20
 DEFAULT_LOCAL_EVAL_SAMPLE = 10
 
@@ -52,8 +52,14 @@ class GossipStrategy:
         algorithm: the run's ``FederatedAlgorithm`` (its aggregator is the gossip aggregator).
         args: the run's arguments.
         store: the client-state store (main process; None elsewhere).
-        local_eval_models: how many local models to evaluate every eval round (see
-            :class:`~hf_fedflat.decentralized.DecentralizedTrainer`).
+        local_eval_models: how many local models to evaluate (see
+            :class:`~hf_fedflat.decentralized.DecentralizedTrainer`); default ``args.local_eval_clients``.
+
+    The local models are evaluated on the evaluation rounds that are also rounds of every
+    ``args.local_eval_every_n_rounds`` (and at the last round): ``local_eval_clients`` of them, drawn anew each such
+    round from ``(seed, round)``, each loaded in turn into the one model and evaluated on the one evaluation set the
+    local Trainer keeps (:mod:`hf_fedflat.runtime.eval_data`). The consensus distance is computed every round and the
+    average model evaluated on every evaluation round, whatever the thinning.
     """
 
     def __init__(self, algorithm, args, store, local_eval_models: int | None = None):
@@ -61,21 +67,37 @@ class GossipStrategy:
         self.aggregator = algorithm.aggregator
         self.fingerprint = {name: getattr(args, name) for name in DECENTRALIZED_FINGERPRINT_FIELDS}
         self.initial: dict[str, torch.Tensor] | None = None  # the model every client starts with (main process)
-        self.local_eval_clients = self._choose_local_eval_clients(local_eval_models)
+        count = local_eval_models if local_eval_models is not None else getattr(args, "local_eval_clients", None)
+        self.local_eval_count = self._local_eval_count(count)
+        self.local_eval_every = getattr(args, "local_eval_every_n_rounds", None) or 1
+        self._round_index = 0  # the round being applied (its evaluation follows)
         self._average: dict[str, torch.Tensor] | None = None
         self._staging: ClientStateStore | None = None
         self.template = ClientStateTemplate()
 
-    def _choose_local_eval_clients(self, count: int | None) -> list[int]:
+    def _local_eval_count(self, count: int | None) -> int:
         num_clients = self.args.num_clients
         if count is None:
             count = num_clients if num_clients <= LOCAL_EVAL_ALL_UP_TO else DEFAULT_LOCAL_EVAL_SAMPLE
-        if not isinstance(count, int) or count < 0:
-            raise ValueError(f"local_eval_models must be an integer >= 0 (0: only the average model), got {count!r}.")
-        if count >= num_clients:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"local_eval_clients: must be an integer >= 0 (0: only the average model), got {count!r}.")
+        return min(count, num_clients)
+
+    def sample_local_eval_clients(self, round_index: int) -> list[int]:
+        """``local_eval_clients`` clients drawn from ``(seed, round_index)`` (every client when that is all of them)."""
+        num_clients = self.args.num_clients
+        if self.local_eval_count >= num_clients:
             return list(range(num_clients))
-        rng = np.random.default_rng(derive_seed(self.args.seed, _LOCAL_EVAL_STREAM))
-        return sorted(int(c) for c in rng.choice(num_clients, size=count, replace=False))
+        rng = np.random.default_rng(derive_seed(self.args.seed, round_index, _LOCAL_EVAL_STREAM))
+        return sorted(int(c) for c in rng.choice(num_clients, size=self.local_eval_count, replace=False))
+
+    def local_eval_clients(self, round_index: int) -> list[int]:
+        """The clients whose own models an evaluation at round ``round_index`` (0-based) covers: none unless the
+        round is one of every ``local_eval_every_n_rounds`` or the last, else :meth:`sample_local_eval_clients`."""
+        rounds_done = round_index + 1
+        if self.local_eval_count == 0 or (rounds_done % self.local_eval_every and rounds_done != self.args.num_rounds):
+            return []
+        return self.sample_local_eval_clients(round_index)
 
     # -- local models on the main process -------------------------------------------------------------
     def local_model(self, client_id: int) -> dict[str, torch.Tensor]:
@@ -103,15 +125,17 @@ class GossipStrategy:
         ]
         return float(np.mean(distances))
 
-    def evaluate_local_models(self, evaluate, client_ids: list[int] | None = None) -> dict[str, float]:
+    def evaluate_local_models(self, evaluate, client_ids: list[int] | None = None) -> dict[str, Any]:
         """Mean and std (over clients) of every eval metric of the clients' own models
-        (``evaluate(params, buffers=...)`` gives one model's metrics)."""
+        (``evaluate(params, buffers=...)`` gives one model's metrics), and ``local_eval_clients``: which clients.
+        ``client_ids`` None: :meth:`sample_local_eval_clients` of the last round applied."""
         values: dict[str, list[float]] = defaultdict(list)
-        for client_id in self.local_eval_clients if client_ids is None else client_ids:
+        client_ids = self.sample_local_eval_clients(self._round_index) if client_ids is None else list(client_ids)
+        for client_id in client_ids:
             model = self.local_model(client_id)
             for key, value in evaluate(model["params"], buffers=model.get("buffers")).items():
                 values[key].append(value)
-        out = {}
+        out: dict[str, Any] = {"local_eval_clients": client_ids}
         for key, series in values.items():
             name = key.removeprefix("eval_")
             out[f"local_eval_{name}_mean"] = float(np.mean(series))
@@ -164,6 +188,7 @@ class GossipStrategy:
     def apply(self, round_index: int, learning_rate: float, updates, weights) -> dict[str, Any]:
         """Gossip (a failed client gossips its model unchanged); consensus, spectral gap and bytes sent.
         A non-finite new local model refuses the whole round (:class:`NonFiniteServerStep`): no model changes."""
+        self._round_index = round_index
         matrix, exact_average = self._gossip(round_index, updates)
         self._average, exact_average = self._cast(exact_average)
         steps = matrix.weights.copy()
@@ -232,8 +257,10 @@ class GossipStrategy:
     def server_state(self) -> dict:
         return {}
 
-    def evaluate_more(self, evaluate) -> dict[str, float]:
-        return self.evaluate_local_models(evaluate) if self.local_eval_clients else {}
+    def evaluate_more(self, evaluate) -> dict[str, Any]:
+        """The local models' evaluation of the round just applied (see :meth:`local_eval_clients`), or nothing."""
+        client_ids = self.local_eval_clients(self._round_index)
+        return self.evaluate_local_models(evaluate, client_ids) if client_ids else {}
 
     def describe(self) -> dict[str, Any]:
         return {"decentralized": {
