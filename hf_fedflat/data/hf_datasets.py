@@ -441,16 +441,21 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
     ``data_collator``, ``label_names`` (classification), the metrics of the task (causal LM: perplexity and
     token accuracy) and, with ``--partition_by``, the natural-id partition.
     """
-    from .ner import conll_files, load_ner_data
+    from .ner import check_ner_columns, conll_dataset, conll_files, prepare_ner_data
     from .partition import natural_id_partition
 
-    if conll_files(data_args.dataset_name) is not None:  # CoNLL files: token classification (hf_fedflat.data.ner)
-        return load_ner_data(data_args, model_args, seed, processing_class=processing_class)
-    raw = load_raw_dataset(data_args.dataset_name, data_args.dataset_config_name)
+    conll = conll_files(data_args.dataset_name)  # CoNLL files: token classification (hf_fedflat.data.ner)
+    if conll is not None:
+        raw = conll_dataset(conll)
+    else:
+        raw = load_raw_dataset(data_args.dataset_name, data_args.dataset_config_name)
     task = _data_task(model_args, raw[next(iter(raw))], data_args)
+    if conll is not None and task != "token-classification":
+        raise ConfigError(f"task: {data_args.dataset_name!r} holds CoNLL files (words and their tags) but the model "
+                          f"is for {task}; pass --task token-classification.")
     if task == "token-classification":
-        return load_ner_data(data_args, model_args, seed, processing_class=processing_class, raw=raw)
-    if task not in ("text-classification", "causal-lm"):
+        check_ner_columns(raw, data_args)
+    if task not in ("text-classification", "token-classification", "causal-lm"):
         raise ConfigError(f"task: --dataset_name {data_args.dataset_name!r} is tokenized for text-classification, "
                          f"token-classification or causal-lm; {task!r} data needs a registered loader "
                          "(hf_fedflat.data.catalog).")
@@ -476,6 +481,13 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
                          f"(columns: {', '.join(train.column_names)}).")
     max_len = data_args.max_seq_length
     label_names = None
+    hub_id = None if os.path.exists(os.path.expanduser(data_args.dataset_name)) else data_args.dataset_name
+    name = os.path.basename(os.path.normpath(data_args.dataset_name)) if hub_id is None else hub_id
+    if task == "token-classification":  # words and their tags: hf_fedflat.data.ner
+        prepared = prepare_ner_data(train, test, data_args, tokenizer, task=task)
+        logger.info("%s: %d training and %d evaluation sentences (%s), %d tags", data_args.dataset_name,
+                    len(prepared["train"]), len(prepared["eval"]), source, len(prepared["label_names"]))
+        return dict(name=name, hub_id=hub_id, **prepared)
     if task == "text-classification":
         if label_column not in train.column_names:
             raise ConfigError(f"label_column: {label_column!r} is not a column of the dataset (columns: "
@@ -526,8 +538,6 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
         train = train.remove_columns(data_args.partition_by)
     logger.info("%s: %d training rows, %d evaluation rows (%s), task %s", data_args.dataset_name, len(train), len(test),
                 source, task)
-    hub_id = None if os.path.exists(os.path.expanduser(data_args.dataset_name)) else data_args.dataset_name
-    name = os.path.basename(os.path.normpath(data_args.dataset_name)) if hub_id is None else hub_id
     return dict(name=name, train=train, eval=test, num_classes=num_classes, in_chans=0, label_column="labels",
                 hub_id=hub_id, task=task, partition=partition, label_names=label_names, processing_class=tokenizer,
                 data_collator=collator, **metrics)

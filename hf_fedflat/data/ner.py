@@ -41,7 +41,6 @@ from typing import Any
 import datasets
 
 from ..field_checks import ConfigError
-from ..models.arguments import ModelArguments
 from .arguments import DataArguments
 
 __all__ = [
@@ -49,9 +48,11 @@ __all__ = [
     "SENTENCE_TAG",
     "TokenClassificationCollator",
     "align_labels",
+    "check_ner_columns",
+    "conll_dataset",
     "conll_files",
     "encode_tags",
-    "load_ner_data",
+    "prepare_ner_data",
     "read_conll",
     "sentence_tag",
     "tag_names",
@@ -299,36 +300,16 @@ class TokenClassificationCollator:
 
 
 # -------------------------------------------------------------------------------------------------
-# the loader
+# the data of a run (hf_fedflat.data.hf_datasets reads the files and splits them, then calls this)
 # -------------------------------------------------------------------------------------------------
-def _raw_splits(data_args: DataArguments) -> datasets.DatasetDict:
-    files = conll_files(data_args.dataset_name)
-    if files is not None:
-        return datasets.DatasetDict({split: datasets.Dataset.from_list(read_conll(paths))
-                                     for split, paths in files.items()})
-    from .hf_datasets import load_raw_dataset
-
-    return load_raw_dataset(data_args.dataset_name, data_args.dataset_config_name)
+def conll_dataset(files: dict[str, list[str]]) -> datasets.DatasetDict:
+    """The sentences of :func:`conll_files`' splits (:func:`read_conll`), one ``DatasetDict`` split each."""
+    return datasets.DatasetDict({split: datasets.Dataset.from_list(read_conll(paths)) for split, paths in files.items()})
 
 
-def load_ner_data(data_args: DataArguments, model_args: ModelArguments, seed: int, *, processing_class=None,
-                  raw: datasets.DatasetDict | None = None) -> dict[str, Any]:
-    """``--dataset_name`` as token classification data for ``--model_name_or_path`` (see the module doc).
-
-    Returns the fields of a :class:`~hf_fedflat.data.catalog.FederatedData`: the tokenized splits, the tag names
-    (the model's labels), the collator, the metrics (entity F1, :mod:`hf_fedflat.metrics.sequence_labeling`), the
-    partition label ``sentence_tag`` and, with ``--partition_by``, the natural-id partition.
-    """
-    from ..metrics.selection import trainer_metrics
-    from ..models.auto import resolve_task
-    from .hf_datasets import split_train_eval
-    from .partition import natural_id_partition
-
-    task = resolve_task(model_args, "token-classification")
-    if task != "token-classification":
-        raise ConfigError(f"task: {data_args.dataset_name!r} is token classification data (words and their tags) but "
-                          f"the model is for {task}; pass --task token-classification.")
-    raw = raw if raw is not None else _raw_splits(data_args)
+def check_ner_columns(raw: datasets.DatasetDict, data_args: DataArguments) -> tuple[str, str]:
+    """``(words column, tags column)``: ``--text_column`` / ``--label_column``, by default ``tokens`` /
+    ``ner_tags``; refused naming the field when a split lacks one."""
     tokens_column = data_args.text_column or "tokens"
     tags_column = data_args.label_column or "ner_tags"
     for field_name, column in (("text_column", tokens_column), ("label_column", tags_column)):
@@ -337,21 +318,25 @@ def load_ner_data(data_args: DataArguments, model_args: ModelArguments, seed: in
                 raise ConfigError(f"{field_name}: {column!r} is not a column of the {split_name!r} split (columns: "
                                   f"{', '.join(split.column_names)}); token classification reads the words and their "
                                   "tags per sentence (--text_column, --label_column).")
-    train, test, source = split_train_eval(raw, train_split=data_args.train_split, eval_split=data_args.eval_split,
-                                           test_fraction=data_args.test_fraction, seed=seed)
-    if data_args.max_train_samples is not None and len(train) > data_args.max_train_samples:
-        train = train.shuffle(seed=seed).select(range(data_args.max_train_samples))
-    if data_args.max_eval_samples is not None and len(test) > data_args.max_eval_samples:
-        test = test.shuffle(seed=seed).select(range(data_args.max_eval_samples))
-    keep = [data_args.partition_by] if data_args.partition_by else []
-    if data_args.partition_by and data_args.partition_by not in train.column_names:
-        raise ConfigError(f"partition_by: {data_args.partition_by!r} is not a column of the dataset "
-                          f"(columns: {', '.join(train.column_names)}).")
-    encoded, names = encode_tags({"train": train, "eval": test}, tags_column)
-    if processing_class is None:
-        from ..models.auto import load_processing_class
+    return tokens_column, tags_column
 
-        processing_class = load_processing_class(model_args, task)
+
+def prepare_ner_data(train: datasets.Dataset, test: datasets.Dataset, data_args: DataArguments, processing_class, *,
+                     task: str = "token-classification") -> dict[str, Any]:
+    """The training and evaluation sentences tokenized and aligned for a token classification model (see the
+    module doc).
+
+    Returns the fields of a :class:`~hf_fedflat.data.catalog.FederatedData` but its name: the tokenized splits,
+    the tag names (the model's labels), the collator, the metrics (entity F1,
+    :mod:`hf_fedflat.metrics.sequence_labeling`), the partition label ``sentence_tag`` and, with
+    ``--partition_by``, the natural-id partition.
+    """
+    from ..metrics.selection import trainer_metrics
+    from .partition import natural_id_partition
+
+    tokens_column, tags_column = check_ner_columns(datasets.DatasetDict({"train": train, "eval": test}), data_args)
+    keep = [data_args.partition_by] if data_args.partition_by else []
+    encoded, names = encode_tags({"train": train, "eval": test}, tags_column)
     options = dict(label_names=names, tokens_column=tokens_column, tags_column=tags_column,
                    max_seq_length=data_args.max_seq_length, label_all_tokens=data_args.label_all_tokens)
     train = tokenize_and_align(encoded["train"], processing_class, keep=keep, **options)
@@ -362,12 +347,7 @@ def load_ner_data(data_args: DataArguments, model_args: ModelArguments, seed: in
     if data_args.partition_by:
         partition = natural_id_partition(train, data_args.partition_by, label_column=SENTENCE_TAG)
         train = train.remove_columns(data_args.partition_by)
-    logger.info("%s: %d training and %d evaluation sentences (%s), %d tags", data_args.dataset_name, len(train),
-                len(test), source, len(names))
-    local = os.path.exists(os.path.expanduser(data_args.dataset_name))
-    hub_id = None if local else data_args.dataset_name
-    name = os.path.basename(os.path.normpath(data_args.dataset_name)) if local else data_args.dataset_name
-    return dict(name=name, train=train, eval=test, num_classes=len(names), in_chans=0, label_column=SENTENCE_TAG,
-                hub_id=hub_id, task=task, partition=partition, label_names=names, processing_class=processing_class,
+    return dict(train=train, eval=test, num_classes=len(names), in_chans=0, label_column=SENTENCE_TAG, task=task,
+                partition=partition, label_names=names, processing_class=processing_class,
                 data_collator=TokenClassificationCollator(processing_class),
                 **trainer_metrics(task, None, label_names=names))

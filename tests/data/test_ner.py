@@ -6,6 +6,7 @@ import datasets
 import pytest
 
 from hf_fedflat.data.arguments import DataArguments
+from hf_fedflat.data.hf_datasets import load_hf_dataset
 from hf_fedflat.data.ner import (
     SENTENCE_TAG,
     TokenClassificationCollator,
@@ -13,7 +14,6 @@ from hf_fedflat.data.ner import (
     conll_files,
     continuation_ids,
     encode_tags,
-    load_ner_data,
     read_conll,
     sentence_tag,
     tag_names,
@@ -118,15 +118,16 @@ def ner_model(tmp_path_factory):
                             tokenizer=train_wordpiece_tokenizer())
 
 
-def test_load_ner_data_from_conll_files_and_from_the_hub_layout(tmp_path, ner_model):
+def test_conll_files_and_the_hub_layout_load_the_same_run_data(tmp_path, ner_model):
     folder = write_conll_data(tmp_path / "conll", train_sentences=24, test_sentences=8, sentences_per_document=6)
     model_args = ModelArguments(model_name_or_path=ner_model)
-    data = load_ner_data(DataArguments(dataset_name=folder), model_args, seed=0)
+    data = load_hf_dataset(DataArguments(dataset_name=folder), model_args, seed=0)
     assert data["task"] == "token-classification" and data["label_names"] == ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG",
                                                                              "B-PER", "I-PER"]
     assert len(data["train"]) == 24 and len(data["eval"]) == 8 and data["label_column"] == SENTENCE_TAG
     assert SENTENCE_TAG not in data["eval"].column_names and data["partition"] is None
-    by_document = load_ner_data(DataArguments(dataset_name=folder, partition_by="document"), model_args, seed=0)
+    assert data["name"] == "conll" and data["hub_id"] is None
+    by_document = load_hf_dataset(DataArguments(dataset_name=folder, partition_by="document"), model_args, seed=0)
     assert [len(rows) for rows in by_document["partition"].client_indices] == [6, 6, 6, 6]
     # the same sentences in the Hub layout (a save_to_disk copy with a Sequence(ClassLabel) tag column)
     names = data["label_names"]
@@ -136,10 +137,10 @@ def test_load_ner_data_from_conll_files_and_from_the_hub_layout(tmp_path, ner_mo
                                   "ner_tags": datasets.Sequence(datasets.ClassLabel(names=names))})
     datasets.DatasetDict({s: datasets.Dataset.from_list(r, features=features) for s, r in rows.items()}).save_to_disk(
         str(tmp_path / "hub"))
-    from hf_fedflat.data.hf_datasets import load_hf_dataset
-
     hub = load_hf_dataset(DataArguments(dataset_name=str(tmp_path / "hub")), model_args, seed=0)
     assert hub["label_names"] == names and hub["train"]["labels"] == data["train"]["labels"]
-    with pytest.raises(ConfigError, match="^task: .* is token classification data"):
-        load_ner_data(DataArguments(dataset_name=folder), ModelArguments(model_name_or_path=ner_model,
-                                                                          task="text-classification"), seed=0)
+    with pytest.raises(ConfigError, match="^task: .* holds CoNLL files"):
+        load_hf_dataset(DataArguments(dataset_name=folder), ModelArguments(model_name_or_path=ner_model,
+                                                                            task="text-classification"), seed=0)
+    with pytest.raises(ConfigError, match="^label_column: 'tags' is not a column of the '(train|test)' split"):
+        load_hf_dataset(DataArguments(dataset_name=folder, label_column="tags"), model_args, seed=0)
