@@ -331,6 +331,8 @@ INHERITED_CHECKS: tuple[tuple[str, Check], ...] = (
     ("save_total_limit", _integer(low=1, optional=True)),
     ("report_to", _report_to),
     ("push_to_hub", _boolean(optional=True)),
+    ("do_eval", _boolean()),  # the final evaluation and test predictions (hf_fedflat.cli.final_evaluation)
+    ("do_predict", _boolean()),
     ("hub_strategy", _enum(_hub_strategies)),
 )
 

@@ -138,11 +138,12 @@ def test_the_table_covers_every_checked_inherited_field():
     """Each inherited field with a check has a bad value above (output_dir and the bools have their own tests)."""
     tried = {field for _, _, field in BAD_VALUES}
     own_tests = {"output_dir", "dataloader_drop_last", "dataloader_pin_memory", "dataloader_persistent_workers", "fp16",
-                 "use_cpu", "disable_tqdm", "push_to_hub"}
+                 "use_cpu", "disable_tqdm", "push_to_hub", "do_eval", "do_predict"}
     assert {name for name, _ in INHERITED_CHECKS} - own_tests <= tried
 
 
-@pytest.mark.parametrize("field", ["dataloader_drop_last", "fp16", "use_cpu", "dataloader_pin_memory"])
+@pytest.mark.parametrize("field", ["dataloader_drop_last", "fp16", "use_cpu", "dataloader_pin_memory", "do_eval",
+                                   "do_predict"])
 def test_a_bool_field_refuses_what_is_not_a_bool(tmp_path, field):
     with pytest.raises(ValueError, match=f"^{field}: must be true or false, got 'maybe'"):
         FedTrainingArguments(output_dir=str(tmp_path), **{field: "maybe"})

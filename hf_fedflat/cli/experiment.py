@@ -160,6 +160,9 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
         logger.info("num_clients = %d, as the %s data comes split (%s).", data.partition.num_clients, data.name,
                     data.partition.describe_scheme())
         args = args.with_algorithm(args.fed_algorithm, num_clients=data.partition.num_clients)
+    from .final_evaluation import check_final_evaluation
+
+    check_final_evaluation(args, data)  # --do_eval / --do_predict need a held-out split
     set_seed(args.seed)
     task, processing_class = data.task, getattr(data, "processing_class", None)
     if model_args.model_name_or_path:  # a transformers model: its task, and its tokenizer / image processor
@@ -254,8 +257,13 @@ def run_experiment(
     lora_args=None,
     callbacks: list | None = None,
 ):
-    """Build and train (the trainer writes ``final_model/`` and its model card); returns ``(experiment, output)``."""
+    """Build and train (the trainer writes ``final_model/`` and its model card); returns ``(experiment, output)``.
+    Then, as transformers' example scripts do, ``--do_eval`` evaluates and ``--do_predict`` predicts with the final
+    model (:mod:`hf_fedflat.cli.final_evaluation`: ``eval_results.json``, ``predict_results.json``)."""
+    from .final_evaluation import run_final_evaluation
+
     experiment = build_experiment(data_args, model_args, args, lora_args=lora_args, callbacks=callbacks)
     output = experiment.trainer.train()
+    run_final_evaluation(experiment.trainer, experiment.data, experiment.args)
     return experiment, output
 

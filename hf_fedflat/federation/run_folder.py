@@ -56,9 +56,11 @@ RUN_OUTPUTS = ("run_status.json", "history.json", "final_model", "checkpoints")
 #: ``smoke_data/`` and ``smoke_assets/``) stay
 OVERWRITTEN = ("run_status.json", "history.json", "final_model", "checkpoints", "partition.json",
                "partition_heatmap.png", "data_validation.json", "client_states", "client_states_gossip_staging",
-               "runs", "trainer_state.json", "all_results.json", "train_results.json", "eval_results.json")
+               "runs", "trainer_state.json", "all_results.json", "train_results.json", "eval_results.json",
+               "predict_results.json", "predictions.json")
 _HIDDEN_LEFTOVERS = (".final_model.", ".history.json.", ".run_status.json.", ".partition.json.",
-                     ".partition_heatmap.png.", ".data_validation.json.", ".hub-staging-")
+                     ".partition_heatmap.png.", ".data_validation.json.", ".hub-staging-", ".eval_results.json.",
+                     ".predict_results.json.", ".predictions.json.")
 
 
 class RunFolderError(ValueError):

@@ -85,6 +85,10 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
+def _count(value: float, noun: str) -> str:
+    return f"{_number(value)} {noun}{'' if value == 1 else 's'}"
+
+
 def start_of_run_summary(args, partition) -> tuple[str, str | None]:
     """``(the summary block, a warning or None)`` for a run of ``args`` (``FedTrainingArguments``) over
     ``partition`` (a :class:`~hf_fedflat.data.partition.ClientPartition`)."""
@@ -95,15 +99,15 @@ def start_of_run_summary(args, partition) -> tuple[str, str | None]:
     optim = str(getattr(args.optim, "value", args.optim))
     schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
     decay = f", x{_number(args.lr_decay_per_round)} per round" if args.lr_decay_per_round != 1 else ""
-    work = (f"{args.local_steps} local steps" if args.local_steps is not None
-            else f"{_number(args.local_epochs)} local epoch{'s' if args.local_epochs != 1 else ''}")
+    work = (_count(args.local_steps, "local step") if args.local_steps is not None
+            else _count(args.local_epochs, "local epoch"))
     batch = f"batch {args.per_device_train_batch_size}"
     if args.gradient_accumulation_steps > 1:
         batch += f" x {args.gradient_accumulation_steps} accumulated"
     sizes = np.asarray(partition.num_samples)
     lines = [
         f"Run: {args.algorithm_label} (perturbation {perturbation}, corrections {', '.join(corrections) or '-'}, "
-        f"aggregator {aggregator}), {args.num_rounds} rounds",
+        f"aggregator {aggregator}), {_count(args.num_rounds, 'round')}",
         f"  local training: {optim}, learning_rate {_number(args.learning_rate)} ({schedule} within a round{decay}); "
         f"{batch}, {work} per round",
     ]
