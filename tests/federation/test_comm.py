@@ -1,7 +1,8 @@
 """Two federated processes (`accelerate launch`, CPU config) give the same model as one process.
 
-The run composes LESAM (per-client old models), SCAFFOLD (c_i, c) and FedGH: every kind of state crosses
-the exchange."""
+The first run composes LESAM (per-client old models), SCAFFOLD (c_i, c) and FedGH: every kind of state crosses
+the exchange. The others carry the newer methods' state: FedGMT's duals and moving average under an ASAM client
+(whose weight mask is built in each process), FedWMSAM's momentum, variates and weight behind FedGH."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from helpers import REPO_ROOT, TEST_SCRIPTS
 
 SCRIPT = TEST_SCRIPTS / "tiny_federated_run.py"
 RUN_FLAGS = [
-    "--fed_algorithm", "fedlesam_s+fedgh", "--num_clients", "6", "--clients_per_round", "5", "--num_rounds", "3",
+    "--num_clients", "6", "--clients_per_round", "5", "--num_rounds", "3",
     "--local_steps", "2", "--per_device_train_batch_size", "4", "--partition_scheme", "iid",
     "--learning_rate", "0.1", "--save_every_n_rounds", "1", "--disable_tqdm", "true",
 ]
@@ -36,10 +37,18 @@ def launch(config: str, output_dir: Path, extra=()) -> subprocess.CompletedProce
     return result
 
 
+ALGORITHMS = {
+    "fedlesam_s+fedgh": ["--fed_algorithm", "fedlesam_s+fedgh"],
+    "fedgmt+asam": ["--fed_algorithm", "fedgmt", "--perturbation", "asam"],
+    "fedwmsam+fedgh": ["--fed_algorithm", "fedwmsam+fedgh"],
+}
+
+
 @pytest.mark.timeout(900)
-def test_two_processes_equal_one_process(tmp_path):
-    launch("cpu_1proc.yaml", tmp_path / "one")
-    launch("cpu_2proc.yaml", tmp_path / "two")
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_two_processes_equal_one_process(tmp_path, algorithm):
+    launch("cpu_1proc.yaml", tmp_path / "one", ALGORITHMS[algorithm])
+    launch("cpu_2proc.yaml", tmp_path / "two", ALGORITHMS[algorithm])
     one = load_file(str(tmp_path / "one" / "final_params.safetensors"))["params"]
     two = load_file(str(tmp_path / "two" / "final_params.safetensors"))["params"]
     assert (one - two).abs().max().item() <= 1e-5
