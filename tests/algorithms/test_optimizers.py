@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -12,6 +13,8 @@ from hf_fedflat.algorithms.optimizers import (
     check_optimizer_compatibility,
     is_plain_sgd,
     plain_sgd_pieces,
+    plain_sgd_presets,
+    resolve_local_optimizer,
 )
 from hf_fedflat.algorithms.registry import AGGREGATORS, CORRECTIONS, PERTURBATIONS
 
@@ -69,3 +72,61 @@ def test_warned_pieces_warn_with_their_reason(tmp_path, algorithm, piece):
         warnings.simplefilter("always")
         messages = check_optimizer_compatibility([CORRECTIONS["feddyn"], CORRECTIONS["feddyn"]], "adamw_torch")
     assert len(messages) == 1 and len([w for w in caught if w.category is OptimizerAssumptionWarning]) == 1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# optim / learning_rate left unset
+# ------------------------------------------------------------------------------------------------------------
+SCAFFOLD_PIECES = [PERTURBATIONS["none"], CORRECTIONS["scaffold"], AGGREGATORS["mean"]]
+FEDAVG_PIECES = [PERTURBATIONS["none"], AGGREGATORS["mean"]]
+
+
+@pytest.mark.parametrize("optim, learning_rate, conventions, lora, pieces, expected", [
+    (None, None, True, False, FEDAVG_PIECES, ("adamw_torch", 5e-5)),        # transformers / timm: the Trainer's
+    (None, None, True, True, FEDAVG_PIECES, ("adamw_torch", 2e-4)),         # LoRA adapters
+    (None, None, False, False, FEDAVG_PIECES, ("sgd", 0.01)),               # built-in models: the papers'
+    (None, None, False, True, FEDAVG_PIECES, ("sgd", 0.01)),
+    (None, None, True, False, SCAFFOLD_PIECES, ("sgd", 0.01)),              # plain-SGD algorithm: SGD on any model
+    (None, 3e-3, True, False, FEDAVG_PIECES, ("adamw_torch", 3e-3)),        # the rate given wins
+    (None, 3e-3, True, False, SCAFFOLD_PIECES, ("sgd", 3e-3)),
+    ("sgd", None, True, False, FEDAVG_PIECES, ("sgd", 0.01)),               # SGD's unset rate is SGD's
+    ("adagrad", None, True, True, FEDAVG_PIECES, ("adagrad", 2e-4)),
+    ("adamw_torch", None, False, False, FEDAVG_PIECES, ("adamw_torch", 0.01)),  # built-in model: as before
+    ("adamw_torch", 0.02, True, False, FEDAVG_PIECES, ("adamw_torch", 0.02)),   # both given: untouched
+])
+def test_unset_optimizer_and_rate_follow_the_model_and_the_algorithm(optim, learning_rate, conventions, lora, pieces,
+                                                                      expected):
+    resolved = resolve_local_optimizer(optim, learning_rate, trainer_conventions=conventions, use_lora=lora,
+                                       pieces=pieces)
+    assert (resolved.optim, resolved.learning_rate) == expected
+    assert (resolved.note == "") == (optim is not None and learning_rate is not None)
+    assert resolved.kept_sgd_for == (("scaffold",) if optim is None and conventions and pieces is SCAFFOLD_PIECES
+                                     else ())
+
+
+def test_unset_is_none_not_equal_to_a_default(tmp_path):
+    given = args(tmp_path, optim="sgd", learning_rate=0.01)  # the built-in defaults, but given
+    given.apply_model_defaults(trainer_conventions=True)
+    assert (given.optim.value, given.learning_rate, given.unset_optimizer_fields) == ("sgd", 0.01, ())
+    unset = args(tmp_path)
+    assert (unset.optim.value, unset.learning_rate) == ("sgd", 0.01)  # until the model is known
+    assert unset.unset_optimizer_fields == ("optim", "learning_rate")
+    unset.apply_model_defaults(trainer_conventions=True, use_lora=True)
+    assert (unset.optim.value, unset.learning_rate) == ("adamw_torch", 2e-4)
+
+
+def test_another_algorithm_takes_its_own_optimizer_default(tmp_path):
+    run = args(tmp_path)
+    run.apply_model_defaults(trainer_conventions=True)
+    scaffold = run.with_algorithm("scaffold")  # AdamW would be refused: the unset optim is SGD for it
+    assert (scaffold.optim.value, scaffold.learning_rate) == ("sgd", 0.01)
+    assert (scaffold.with_algorithm("fedsam").optim.value, scaffold.with_algorithm("fedsam").learning_rate) == \
+        ("adamw_torch", 5e-5)
+
+
+def test_help_lists_the_presets_that_keep_sgd():
+    presets = plain_sgd_presets()
+    assert {"scaffold", "feddyn", "fednova", "fedup"} <= set(presets) and "fedavg" not in presets
+    optim_help = next(f.metadata["help"] for f in dataclasses.fields(FedTrainingArguments) if f.name == "optim")
+    assert all(name in optim_help for name in presets)
+    assert "adamw_torch for a transformers model" in optim_help
