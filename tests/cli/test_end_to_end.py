@@ -105,6 +105,31 @@ def test_bert_classifier_end_to_end_reloads_with_pipeline(assets, tmp_path, lora
     assert "natural_id" in card
 
 
+
+@pytest.mark.parametrize("algorithm", ["fedasam", "fedwmsam", "fedgmt", "fedgloss"])
+def test_newer_methods_train_a_bert_classifier_whose_final_model_reproduces_its_loss(assets, tmp_path, algorithm):
+    """The newer flatness methods on a transformers text classifier: ASAM's weight mask over BERT's names, FedWMSAM's
+    momentum, FedGMT's second forward, FedGloSS's sent weights; the reloaded final model gives the last eval_loss."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    argv = ["train", "--model_name_or_path", assets["bert"], "--dataset_name", assets["sentiment"],
+            "--fed_algorithm", algorithm, "--num_clients", "4", "--output_dir", str(tmp_path), *COMMON, "--optim", "sgd",
+            "--learning_rate", "0.05"]
+    assert main(argv) == 0
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert len(history) == 2 and all(math.isfinite(r["eval_loss"]) for r in history)
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "final_model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "final_model")
+    test = datasets.load_from_disk(assets["sentiment"])["test"]
+    batch = tokenizer(list(test["text"]), padding=True, return_tensors="pt")
+    with torch.no_grad():
+        loss = model(**batch, labels=torch.tensor(test["label"])).loss
+    assert float(loss) == pytest.approx(history[-1]["eval_loss"], rel=1e-4)
+    initial = AutoModelForSequenceClassification.from_pretrained(assets["bert"], num_labels=2)
+    moved = [name for name, value in model.state_dict().items()
+             if name in initial.state_dict() and not torch.equal(value, initial.state_dict()[name])]
+    assert any("encoder" in name for name in moved)  # the body trained, not only the new head
+
 def _alpaca_eval_rows(path):
     """The evaluation rows the run held out: 0.2 of the single split, seed 42 (as --test_fraction says)."""
     raw = datasets.load_dataset("json", data_files={"train": path})["train"]
