@@ -29,6 +29,10 @@ Then, with the model's tokenizer (``processing_class``):
     has nothing to learn from) and counted in the log. Batches are padded per batch, labels with ``-100``
     (``DataCollatorForSeq2Seq``). Evaluation reports the loss, the perplexity and the next-token accuracy
     (:mod:`hf_fedflat.metrics.language_modeling`).
+``token-classification``
+    CoNLL files or a ``tokens`` / ``ner_tags`` layout (chosen by ``--task``, the model, or those columns), words
+    tokenized with ``is_split_into_words`` and tags aligned to the first sub-token of each word
+    (:mod:`hf_fedflat.data.ner`); entity-level F1 by seqeval.
 
 Clients: ``--partition_by <column>`` gives one client per value of the column (flwr-datasets'
 ``NaturalIdPartitioner``; :func:`hf_fedflat.data.partition.natural_id_partition`); otherwise the partition
