@@ -81,6 +81,13 @@ def _remedy(partition) -> str:
     return "this split comes with the data (one client per id); use --partition_scheme iid to spread the classes"
 
 
+def _decentralized(aggregator: str) -> bool:
+    from ..aggregators.gossip import is_decentralized
+    from ..algorithms.registry import AGGREGATORS, split_plugins
+
+    return is_decentralized(AGGREGATORS[split_plugins(aggregator)[0]])
+
+
 def _number(value: float) -> str:
     return f"{value:g}"
 
@@ -114,8 +121,11 @@ def start_of_run_summary(args, partition) -> tuple[str, str | None]:
     note = getattr(args, "optimizer_defaults_note", "")
     if note:
         lines.append(f"  unset, so by default: {note}")
+    per_round = f"{args.num_clients_per_round} per round"
+    if _decentralized(aggregator) and args.decentralized_participation == "full":
+        per_round = "all train every round (gossip)"
     lines.append(f"  partition: {partition.describe_scheme()}, {partition.num_clients} clients, "
-                 f"{args.num_clients_per_round} per round; rows per client min {int(sizes.min())} / median "
+                 f"{per_round}; rows per client min {int(sizes.min())} / median "
                  f"{_number(float(np.median(sizes)))} / max {int(sizes.max())}")
     labels = client_label_summary(partition.label_counts)
     warning = None

@@ -84,6 +84,16 @@ def test_summary_block_names_the_settings_and_the_label_numbers(args):
     assert "raise --dirichlet_alpha (now 0.3; 1.0 or more mixes classes) or use --partition_scheme iid" in warning
 
 
+def test_decentralized_full_participation_says_every_client_trains(tmp_path):
+    gossip = FedTrainingArguments(output_dir=str(tmp_path), fed_algorithm="dfedavg", num_clients=6,
+                                  clients_per_round=3, decentralized_participation="full")
+    text, _ = start_of_run_summary(gossip, partition_of(SKEWED))
+    assert "partition: dirichlet(alpha=0.3), 6 clients, all train every round (gossip);" in text
+    sampled = FedTrainingArguments(output_dir=str(tmp_path), fed_algorithm="dfedavg", num_clients=6,
+                                   clients_per_round=3, decentralized_participation="sampled")
+    assert "6 clients, 3 per round;" in start_of_run_summary(sampled, partition_of(SKEWED))[0]
+
+
 def test_warning_names_the_flags_of_the_scheme(args):
     _, pathological = start_of_run_summary(args, partition_of(SKEWED, "pathological", None, classes_per_client=1))
     assert "raise --classes_per_client (now 1) or use --partition_scheme iid" in pathological
