@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["TrainerAPI", "TrainerCallbackAdapter", "train_metrics"]
 
 #: timing entries of ``Trainer.evaluate`` that are not metrics of the model
-_TIMINGS = ("_runtime", "_samples_per_second", "_steps_per_second")
+_TIMINGS = ("_runtime", "_samples_per_second", "_steps_per_second", "_model_preparation_time")
 
 
 def train_metrics(history: list[dict]) -> dict[str, float]:

@@ -14,7 +14,7 @@ import numpy as np
 __all__ = ["accuracy_metrics", "correct_predictions", "evaluate_model", "logits_of", "per_client_accuracy"]
 
 #: timing entries of ``Trainer.evaluate`` that are not metrics of the model
-_TIMINGS = ("_runtime", "_samples_per_second", "_steps_per_second")
+_TIMINGS = ("_runtime", "_samples_per_second", "_steps_per_second", "_model_preparation_time")
 
 
 def logits_of(predictions: Any) -> np.ndarray:

@@ -18,6 +18,8 @@ Nothing here changes a number: with the fast path off (``HF_FEDFLAT_FAST_PATH=0`
 - :mod:`.client_loop`: the lean client loop, ``Trainer._inner_training_loop`` without what the federated loop
   turned off (materialised rows batched without a DataLoader, torch's clipping, one ``model.train()`` per client).
 - :mod:`.materialize`: fixed-shape numeric client data read once into tensors.
+- :mod:`.eval_data`: evaluation sets read once, their batches replayed to the Trainer's own evaluation loop
+  (evaluation, prediction, the diagnostics, the full gradient).
 - :mod:`.datasets`: ``select_rows``, client datasets without hashing the transform.
 - :mod:`.lanes`: several clients at once in one process (``concurrent_clients``, :mod:`.arguments`): lanes
   with their own model and Trainer, one guard over the global random generators. Not behind the switch: it is
