@@ -30,6 +30,13 @@ from helpers.hf_fixtures import CORPUS, tiny_bert_dir, tiny_gpt2_dir
 TIMINGS = ("_runtime", "_samples_per_second", "_steps_per_second", "_model_preparation_time")
 
 
+@pytest.fixture(autouse=True)
+def fast_path_on():
+    """The fast Trainers here are built with the fast path on, whatever HF_FEDFLAT_FAST_PATH says."""
+    with fast_path(True):
+        yield
+
+
 def arguments(tmp_path, **overrides) -> TrainingArguments:
     values = dict(output_dir=str(tmp_path / "out"), per_device_eval_batch_size=64, use_cpu=True, report_to="none",
                   disable_tqdm=True)
