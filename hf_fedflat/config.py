@@ -297,6 +297,7 @@ class FedTrainingArguments(TrainingArguments):
         from transformers.training_args import OptimizerNames
 
         self._optimizer_context = (bool(trainer_conventions), bool(use_lora))
+        self._model_defaults_applied = True
         optim, self.learning_rate, self.optimizer_defaults_note, kept_sgd_for = self._local_optimizer(
             self.active_pieces())
         self.optim = OptimizerNames(optim)
@@ -305,6 +306,11 @@ class FedTrainingArguments(TrainingArguments):
                            "models: %s assumes plain SGD on the clients (see --help, --optim). Set --learning_rate "
                            "for SGD on this model, or pick an algorithm that works with AdamW (fedavg, fedprox, "
                            "fedsam, ...).", self.learning_rate, self.algorithm_label, ", ".join(kept_sgd_for))
+
+    @property
+    def model_defaults_applied(self) -> bool:
+        """Whether :meth:`apply_model_defaults` has run (the CLI calls it; a trainer built in Python, from its model)."""
+        return self._optimizer_context != (False, False) or getattr(self, "_model_defaults_applied", False)
 
     @property
     def unset_optimizer_fields(self) -> tuple[str, ...]:

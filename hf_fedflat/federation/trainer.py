@@ -123,6 +123,11 @@ class FederatedTrainer(TrainerAPI):
         drop_invalid_rows: bool = False,
     ):
         self.args = args
+        if args.unset_optimizer_fields and not args.model_defaults_applied:
+            # a model built in Python: the optimizer and rate left unset follow it, as the CLI's do its name
+            from ..models.arguments import model_follows_trainer_conventions
+
+            args.apply_model_defaults(*model_follows_trainer_conventions(model))
         self.comm = get_process_group()
         self.algorithm = build_algorithm(args)
         from ..data.input_checks import validate_inputs  # labels and inputs against the model, once

@@ -106,3 +106,23 @@ class ModelArguments:
         if not isinstance(value, dict):
             raise ConfigError(f"model_kwargs: must be a JSON object, got {type(value).__name__}.")
         return value
+
+
+def model_follows_trainer_conventions(model) -> tuple[bool, bool]:
+    """``(trainer conventions, LoRA)`` of a model built in Python, as :attr:`ModelArguments.follows_trainer_conventions`
+    decides them for one named on the command line: a transformers model, a timm model or an image classifier whose
+    backbone is a timm model is trained as a transformers user expects (AdamW at the Trainer's rate when ``optim`` and
+    ``learning_rate`` are unset); the papers' built-in models and any other ``nn.Module`` keep the papers' SGD. A peft
+    model is judged by its base model, with LoRA's rate."""
+    from transformers import PreTrainedModel
+
+    from .factory import available_models
+    from .modeling import FedFlatImageClassifier
+
+    use_lora = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+    base = model.get_base_model() if use_lora else model
+    if isinstance(base, FedFlatImageClassifier):
+        return base.config.architecture not in available_models(), use_lora
+    if type(base).__module__.startswith("hf_fedflat."):  # the LSTMs and the other built-in models
+        return False, use_lora
+    return isinstance(base, PreTrainedModel) or hasattr(base, "pretrained_cfg"), use_lora
