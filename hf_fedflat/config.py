@@ -333,6 +333,7 @@ class FedTrainingArguments(TrainingArguments):
         values.update(fed_algorithm=fed_algorithm, **changes)
         copy = type(self)(**values)
         copy.restrict_explicit_fields([*getattr(self, "_explicit_fields", ()), *changes])
+        copy._given_fields = tuple(sorted({*self.given_fields, *changes}))
         if self._optimizer_context != (False, False):
             copy.apply_model_defaults(*self._optimizer_context)
         return copy
@@ -342,6 +343,14 @@ class FedTrainingArguments(TrainingArguments):
         about those): the parser passes the flags and config keys given, so a recipe's defaults are not counted."""
         names = set(names)
         self._explicit_fields = tuple(n for n in getattr(self, "_explicit_fields", ()) if n in names)
+        self._given_fields = tuple(sorted(names))
+
+    @property
+    def given_fields(self) -> tuple[str, ...]:
+        """The fields the user gave as flags or config keys (empty for arguments built in Python, where every value
+        counts as chosen): a default that depends on the data (the partition of a causal LM's rows) applies only to
+        the others."""
+        return getattr(self, "_given_fields", ())
 
     @property
     def diagnostics_list(self) -> list[str]:

@@ -75,6 +75,21 @@ def _create_named_model(model_args: ModelArguments, data: FederatedData):
         raise
 
 
+def _partition_for_the_task(args, task, data):
+    """A causal LM's rows have no class to split by: left unset, the partition scheme is iid for them (the default,
+    dirichlet, splits by class), and said so; a scheme given is kept (and refused when it needs a class)."""
+    from ..data.partition import LABEL_FREE_SCHEMES
+
+    if (task != "causal-lm" or data.partition is not None or args.partition_scheme in LABEL_FREE_SCHEMES
+            or "partition_scheme" in args.given_fields or not args.given_fields):
+        return args
+    logger.warning("partition_scheme: iid, not the default %s: a causal LM's rows have no class label to split by "
+                   "(give --partition_scheme linear, or --partition_by <a column of ids>, for other splits).",
+                   args.partition_scheme)
+    args.partition_scheme = "iid"
+    return args
+
+
 def _base_model(model_args: ModelArguments, model) -> str | None:
     if model_args.base_model:
         return model_args.base_model
@@ -172,6 +187,7 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
         processing_class = processing_class or load_processing_class(model_args, task)
     check_metrics(metric_names, task)
     _check_generation(prompts, model_args, task)
+    args = _partition_for_the_task(args, task, data)
     model = build_model(model_args, data, processing_class)
     lora_save = "merged"
     if lora_args is not None and lora_args.use_lora:

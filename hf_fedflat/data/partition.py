@@ -267,6 +267,11 @@ def _read_labels(dataset: datasets.Dataset, label_column: str) -> tuple[np.ndarr
         )
     feature = dataset.features[label_column]
     # with_format("numpy") replaces any transform: only the label column is read.
+    if isinstance(feature, (datasets.Sequence, datasets.List, datasets.LargeList)):
+        raise ConfigError(
+            f"partition_scheme: it splits the rows by class, but label_column={label_column!r} holds a sequence per "
+            "row (a language model's or a tagger's labels): use --partition_scheme iid or linear, or --partition_by "
+            "<a column of ids>.")
     # Format the whole column at once: datasets 4's lazy column is read row by row otherwise (~10x slower).
     values = np.asarray(dataset.select_columns([label_column]).with_format("numpy")[:][label_column])
     if values.ndim != 1:

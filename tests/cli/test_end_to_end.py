@@ -160,9 +160,11 @@ def _response_statistics(model, tokenizer, rows):
 def test_causal_lm_end_to_end_perplexity_reproduced(assets, tmp_path, arch, lora, in_subprocess):
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
+    # GPT-2 leaves the partition scheme to its default: iid for a causal LM's rows (no class to split by)
     last, final = _train(["--model_name_or_path", assets[arch], "--dataset_name", assets["alpaca"],
-                          "--num_clients", "3", "--partition_scheme", "iid", "--max_seq_length", "64",
-                          *(LORA if lora else [])], tmp_path, subprocess_run=in_subprocess)
+                          "--num_clients", "3", *(["--partition_scheme", "iid"] if arch == "llama" else []),
+                          "--max_seq_length", "64", *(LORA if lora else [])], tmp_path, subprocess_run=in_subprocess)
+    assert ClientPartition.load_json(tmp_path / "partition.json").scheme == "iid"
     model = AutoModelForCausalLM.from_pretrained(final).eval()
     tokenizer = AutoTokenizer.from_pretrained(final)
     assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(assets[arch]).get_vocab()
@@ -208,6 +210,14 @@ def test_bad_dataset_arguments_are_named(assets, tmp_path, capsys):
         assert main(["train", *flags, "--output_dir", str(out), *COMMON]) == 2, flags
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and re.search(message, err[0]) and "Traceback" not in err[0], (flags, err)
+    # found once the data is read (after its progress bars): a class partition of a causal LM's token labels
+    flags = ["--model_name_or_path", assets["gpt2"], "--dataset_name", assets["alpaca"], "--num_clients", "4",
+             "--partition_scheme", "dirichlet"]
+    assert main(["train", *flags, "--output_dir", str(tmp_path / "lm"), *COMMON]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.match(
+        "hf-fedflat train: error: partition_scheme: it splits the rows by class, but label_column='labels' holds a "
+        "sequence", err.strip().splitlines()[-1])
 
 
 # --- --metrics, generations, token classification ------------------------------------------------------------------
