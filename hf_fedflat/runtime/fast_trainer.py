@@ -30,7 +30,7 @@ from transformers.trainer_utils import SchedulerType
 from ..training.client_trainer import ClientTrainer
 from ..training.step import StepResult
 from . import client_loop, fast_step, switch
-from .eval_data import EvalDataCache, eval_dataloader
+from .eval_data import EvalDataCache, eval_dataloader, single_process_gather
 from .materialize import Materialized, materialize, skip_missing_video_reader, wrap_collator
 from .memory import HeapTrimmer
 
@@ -166,6 +166,16 @@ class FastClientTrainer(ClientTrainer):
         """The Trainer's, or its batches from the test set read once (mechanism ``eval_rows``)."""
         loader = self._eval_rows_loader(test_dataset, "test")
         return loader if loader is not None else super().get_test_dataloader(test_dataset)
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        """The Trainer's, with the one-process gather (mechanism ``eval_rows``; see ``SingleProcessGather``). The
+        Trainer's loop sets its gather back to the accelerator's when it ends."""
+        gather = single_process_gather(self) if self.fast_path("eval_rows") else None
+        if gather is not None:
+            self.gather_function = gather
+        return super().evaluation_loop(dataloader, description, prediction_loss_only=prediction_loss_only,
+                                       ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def _eval_rows_loader(self, dataset, description: str):
         if dataset is None or isinstance(dataset, str) or not self.fast_path("eval_rows"):

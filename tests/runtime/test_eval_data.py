@@ -263,3 +263,50 @@ def test_overridden_evaluate_reads_the_same_batches(tmp_path, one_thread):
     got = Extra(model=model, args=args, compute_metrics=accuracy_metrics).evaluate(dataset)
     expected = Trainer(model=model, args=args, compute_metrics=accuracy_metrics).evaluate(dataset)
     assert measured(got) == {**measured(expected), "eval_extra": 1.0}
+
+
+# --- the one-process gather of the evaluation loop ------------------------------------------------------------------
+@pytest.mark.parametrize("use_gather_object", [False, True])
+def test_one_process_gather_gives_the_trainers_numbers(tmp_path, one_thread, use_gather_object):
+    """1,797 rows in batches of 64: the last batch (5 rows) is where the accelerator's gather drops the losses
+    repeated past the dataset's end; the fast Trainer's loop uses the one-process gather, and gives the same."""
+    from hf_fedflat.runtime.eval_data import SingleProcessGather, single_process_gather
+
+    args = arguments(tmp_path, eval_use_gather_object=use_gather_object)
+    model, dataset = digits_cnn(), digits()
+    fast = FastClientTrainer(model=model, args=args, compute_metrics=accuracy_metrics)
+    reference = Trainer(model=model, args=args, compute_metrics=accuracy_metrics)
+    gather = single_process_gather(fast)
+    assert isinstance(gather, SingleProcessGather) and gather.use_gather_object is use_gather_object
+    seen = []
+    original = SingleProcessGather.__call__
+
+    def counting(self, data, use_gather_object=None):
+        seen.append(self.gradient_state.end_of_dataloader)
+        return original(self, data, use_gather_object)
+
+    SingleProcessGather.__call__ = counting
+    try:
+        assert_same_evaluation(fast, reference, dataset)
+    finally:
+        SingleProcessGather.__call__ = original
+    batches = -(-len(dataset) // 64)
+    assert len(seen) == 2 * 3 * batches  # evaluate and predict: losses, logits, labels per batch
+    assert fast.gather_function == fast.accelerator.gather_for_metrics  # the Trainer's, set back after the loop
+
+
+def test_one_process_gather_passes_batches_through_and_truncates_the_last():
+    from types import SimpleNamespace
+
+    from hf_fedflat.runtime.eval_data import SingleProcessGather
+
+    calls = []
+    state = SimpleNamespace(end_of_dataloader=False)
+    accelerator = SimpleNamespace(gradient_state=state,
+                                  gather_for_metrics=lambda data, use_gather_object: calls.append(use_gather_object)
+                                  or data[:5])
+    gather = SingleProcessGather(accelerator)
+    batch = torch.arange(64.0)
+    assert gather(batch) is batch and calls == []
+    state.end_of_dataloader = True
+    assert torch.equal(gather(batch), torch.arange(5.0)) and calls == [False]
