@@ -3,6 +3,7 @@
     python benchmarks/whole_run.py [--only digits,transform,gossip,quickstart,text] [--rounds N] [--repeats 2]
                                    [--device cpu|cuda] [--output benchmarks/whole_run.json]
     python benchmarks/whole_run.py --smoke        # tiny sizes, seconds: a check that every section runs
+    python benchmarks/whole_run.py --profile      # cProfile of one evaluated round of row (a), both sides
 
 Local training alone runs at a plain loop's speed (``benchmarks/user_data.py``, ``benchmarks/workloads.py``); a
 whole run also evaluates, averages, gossips and writes its history. Each row here puts ``FederatedTrainer`` (or the
@@ -36,6 +37,11 @@ Sections:
   update, as the library measures it) and to time the rounds; the recipe itself is unchanged. No target.
 * ``text`` (e): ``benchmarks/text_models.py``'s BERT task (tiny BERT, ``hf-fedflat train``'s path, AdamW, 5
   clients per round, 5 local steps) with evaluation every round on both sides, FedAvg / plain loop; target <= 1.10.
+
+``--profile``: row (a)'s library run and plain loop, each for ``--rounds`` rounds (default 12), with one evaluated
+round (round 5, after the warm-up rounds) under cProfile: the call count of that round on both sides, and the
+library's top 15 functions by cumulative time (``--profile-sort tottime`` for time inside each function). Nothing is
+written.
 
 ``--smoke``: a few rounds and small clients in every section (and the quickstart's ``--smoke``): a check that the
 script works, not a measurement (it writes ``--output`` only when given). ``--device cuda`` puts both sides of
@@ -510,6 +516,61 @@ def section_text(opts) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------
+# --profile: one evaluated round of row (a) under cProfile
+# ------------------------------------------------------------------------------------------------
+PROFILED_ROUND = 5
+
+
+def profile_digits_round(opts) -> dict:
+    """Row (a) on both sides, round :data:`PROFILED_ROUND` profiled: ``{side: pstats.Stats}``, printed."""
+    import cProfile
+    import io
+    import pstats
+
+    d = load_digit_arrays()
+    job = digits_job(argparse.Namespace(rounds=max(opts.rounds or 12, PROFILED_ROUND + 2), smoke=False,
+                                        device=opts.device))
+    partition = digits_partition(d, job.num_clients, job.seed)
+    x, y = d.x.to(job.device), d.y.to(job.device)
+    batches = lambda: [{"pixel_values": x[i:i + EVAL_BATCH_SIZE], "labels": y[i:i + EVAL_BATCH_SIZE]}  # noqa: E731
+                       for i in range(0, len(d.y), EVAL_BATCH_SIZE)]
+    plain = Workload("digits", job, digits_model, None, partition,
+                     fetch=lambda rows: {"pixel_values": d.x[rows], "labels": d.y[rows]})
+    sides = {"fedavg_eval": lambda gate: run_library("fedavg_eval", job, digits_model, torch_dataset(d),
+                                                     torch_dataset(d), partition, gate),
+             "plain_loop_eval": lambda gate: run_plain_fedavg(plain, gate, plain_evaluator(batches, job.device))}
+    stats = {}
+    for name, run_side in sides.items():
+        profiler, on = cProfile.Profile(), [False]
+
+        def gate(round_index: int) -> None:  # a round runs from its gate to the next round's gate
+            if on[0]:
+                profiler.disable()
+                on[0] = False
+            if round_index == PROFILED_ROUND:
+                profiler.enable()
+                on[0] = True
+
+        run_side(gate)
+        if on[0]:
+            profiler.disable()
+        stats[name] = pstats.Stats(profiler)
+    library, plain_stats = stats["fedavg_eval"], stats["plain_loop_eval"]
+    out = io.StringIO()
+    library.stream = out
+    library.sort_stats(opts.profile_sort).print_stats(15)
+    print(f"round {PROFILED_ROUND + 1} of {job.num_rounds} (row (a): FedAvg, {job.clients_per_round} clients, the "
+          f"global model evaluated on {len(d.y)} rows), torch threads {torch.get_num_threads()}, load "
+          f"{load_average()}")
+    print(f"Python function calls in the round: library {library.total_calls:,}, plain loop "
+          f"{plain_stats.total_calls:,}; seconds under the profiler: library {library.total_tt:.3f}, plain loop "
+          f"{plain_stats.total_tt:.3f}")
+    print(f"library, top 15 by {opts.profile_sort}:")
+    print(out.getvalue())
+    return stats
+
+
+# ------------------------------------------------------------------------------------------------
 def relabel(timing: RunTiming, label: str) -> RunTiming:
     timing.label = label
     return timing
@@ -549,6 +610,10 @@ def parse_args(argv):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="Where both sides of digits and transform run (gossip and text stay on the CPU).")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile one evaluated round of row (a) on both sides (prints; runs no section).")
+    parser.add_argument("--profile-sort", default="cumulative", choices=("cumulative", "tottime"),
+                        help="The order of --profile's top 15 (default cumulative).")
     parser.add_argument("--output", default=None, help="JSON list of records (default benchmarks/whole_run.json; "
                                                        "--smoke: none unless given).")
     return parser.parse_args(argv)
@@ -561,6 +626,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         quickstart_child(opts.stats, rest)
         return []
     torch.set_num_threads(opts.threads)
+    if opts.profile:
+        profile_digits_round(opts)
+        return []
     output = Path(opts.output) if opts.output else (None if opts.smoke else HERE / "whole_run.json")
     records: list[dict] = []
     for name in [s.strip() for s in opts.only.split(",") if s.strip()]:
