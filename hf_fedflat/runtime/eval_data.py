@@ -197,6 +197,7 @@ def _record_batches(trainer, dataset, budget: int) -> RecordedBatches | None:
     ``drop_last``), or None where they would not fit in ``budget`` bytes or the read fails (the Trainer's path then
     reports the error)."""
     args = trainer.args
+    rng_state = torch.get_rng_state()  # the read's DataLoader draws a seed the evaluation's own DataLoader draws again
     try:
         pruned = trainer._remove_unused_columns(dataset, description="Evaluation")
         loader = DataLoader(pruned, batch_size=args.eval_batch_size, sampler=SequentialSampler(pruned),
@@ -215,6 +216,8 @@ def _record_batches(trainer, dataset, budget: int) -> RecordedBatches | None:
     except Exception as error:  # the Trainer's own path raises its own message for the same data
         logger.debug("Evaluation set not kept (%s: %s); the Trainer's path reads it.", type(error).__name__, error)
         return None
+    finally:
+        torch.set_rng_state(rng_state)
     if not batches:
         return None
     return RecordedBatches(batches, len(pruned))

@@ -29,14 +29,14 @@ from transformers.trainer_utils import SchedulerType
 
 from ..training.client_trainer import ClientTrainer
 from ..training.step import StepResult
-from . import client_loop, fast_step, switch
+from . import client_loop, eval_loop, fast_step, switch
 from .eval_data import EvalDataCache, eval_dataloader, single_process_gather
 from .materialize import Materialized, materialize, skip_missing_video_reader, wrap_collator
 from .memory import HeapTrimmer
 
 #: the mechanisms :class:`FastClientTrainer` applies (with all of them off a run builds the plain ``ClientTrainer``)
 TRAINER_MECHANISMS = ("optimizer_reuse", "step_buffers", "free_memory", "cached_lookups", "seed_shortcut",
-                      "heap_trim", "client_loop", "materialize", "eval_rows")
+                      "heap_trim", "client_loop", "materialize", "eval_rows", "eval_loop")
 
 
 def client_trainer_class() -> type[ClientTrainer]:
@@ -169,8 +169,12 @@ class FastClientTrainer(ClientTrainer):
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):
-        """The Trainer's, with the one-process gather (mechanism ``eval_rows``; see ``SingleProcessGather``). The
-        Trainer's loop sets its gather back to the accelerator's when it ends."""
+        """The lean evaluation loop over kept rows (mechanism ``eval_loop``, :mod:`.eval_loop`) where it applies; else
+        the Trainer's, with the one-process gather (mechanism ``eval_rows``; see ``SingleProcessGather``), which the
+        Trainer's loop sets back to the accelerator's when it ends."""
+        if self.fast_path("eval_loop") and eval_loop.applies(self, dataloader):
+            return eval_loop.run(self, dataloader, description, prediction_loss_only=prediction_loss_only,
+                                 ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
         gather = single_process_gather(self) if self.fast_path("eval_rows") else None
         if gather is not None:
             self.gather_function = gather

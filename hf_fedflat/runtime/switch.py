@@ -34,6 +34,7 @@ MECHANISMS: tuple[str, ...] = (
     "materialize",       # fixed-shape numeric client data read once into tensors, batches by one index (materialize)
     "client_loop",       # the Trainer's loop without what the federated loop turned off (client_loop)
     "eval_rows",         # evaluation sets read once, their batches replayed by every evaluation (eval_data)
+    "eval_loop",         # the Trainer's evaluation loop over kept rows without a DataLoader on one process (eval_loop)
 )
 
 

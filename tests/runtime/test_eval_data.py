@@ -274,7 +274,8 @@ def test_one_process_gather_gives_the_trainers_numbers(tmp_path, one_thread, use
 
     args = arguments(tmp_path, eval_use_gather_object=use_gather_object)
     model, dataset = digits_cnn(), digits()
-    fast = FastClientTrainer(model=model, args=args, compute_metrics=accuracy_metrics)
+    with fast_path(True, without=["eval_loop"]):  # the Trainer's loop (the lean one calls the gather once)
+        fast = FastClientTrainer(model=model, args=args, compute_metrics=accuracy_metrics)
     reference = Trainer(model=model, args=args, compute_metrics=accuracy_metrics)
     gather = single_process_gather(fast)
     assert isinstance(gather, SingleProcessGather) and gather.use_gather_object is use_gather_object
