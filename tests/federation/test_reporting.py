@@ -24,12 +24,13 @@ def test_report_to_tensorboard_gets_one_point_per_round(tmp_path):
 
 def test_the_run_writes_partition_files_and_the_model_card_through_callbacks(tmp_path):
     from hf_fedflat.federation import PartitionFilesCallback
+    from hf_fedflat.federation.start_summary import StartSummaryCallback
     from hf_fedflat.hub import ModelCardCallback
 
     args = FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, num_clients=2, clients_per_round=2,
                                 num_rounds=1, local_steps=1, partition_scheme="iid", per_device_train_batch_size=8)
     trainer = FederatedTrainer(TinyClassifier(), args, TRAIN, TEST, label_column="labels")
-    assert [type(c) for c in trainer.callbacks] == [PartitionFilesCallback, ModelCardCallback]
+    assert [type(c) for c in trainer.callbacks] == [StartSummaryCallback, PartitionFilesCallback, ModelCardCallback]
     trainer.callbacks = []  # without them, neither file is written
     trainer.train()
     assert not (tmp_path / "partition.json").exists() and not (tmp_path / "final_model" / "README.md").exists()
