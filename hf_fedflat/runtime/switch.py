@@ -33,6 +33,7 @@ MECHANISMS: tuple[str, ...] = (
     "select_rows",       # client datasets selected without hashing the transform (datasets.select_rows)
     "materialize",       # fixed-shape numeric client data read once into tensors, batches by one index (materialize)
     "client_loop",       # the Trainer's loop without what the federated loop turned off (client_loop)
+    "transform_batches",  # a transformed dataset's client batches: one dataset[rows] each, no select (transform_rows)
     "eval_rows",         # evaluation sets read once, their batches replayed by every evaluation (eval_data)
     "eval_loop",         # the Trainer's evaluation loop over kept rows without a DataLoader on one process (eval_loop)
 )

@@ -141,11 +141,17 @@ def test_lean_loop_steps_aside_where_the_trainer_loop_would_do_more():
         assert not client_loop.applies(trainer, trainer.args)
         trainer.args.logging_strategy = "no"
         assert client_loop.applies(trainer, trainer.args)
-    # a dataset that is not materialised rows keeps the Trainer's dataloader (the lean loop still runs)
+    # a dataset that is neither materialised nor transformed rows keeps the Trainer's dataloader (the lean loop
+    # still runs); transformed rows (runtime.transform_rows) are read one batch ahead
+    with tempfile.TemporaryDirectory() as tmp:
+        with runtime.fast_path(True, without=["transform_batches"]):
+            local, trainer = client_trainer_for(tmp, train=noisy_train_data())
+        trainer.train_dataset = local.client_dataset(0)
+        assert client_loop.tensor_rows_loader(trainer, trainer.args) is None
     with tempfile.TemporaryDirectory() as tmp:
         local, trainer = client_trainer_for(tmp, train=noisy_train_data())
         trainer.train_dataset = local.client_dataset(0)
-        assert client_loop.tensor_rows_loader(trainer, trainer.args) is None
+        assert client_loop.tensor_rows_loader(trainer, trainer.args).transformed
     with tempfile.TemporaryDirectory() as tmp:
         local, trainer = client_trainer_for(tmp, train_sampling_strategy="sequential")
         trainer.train_dataset = local.client_dataset(0)

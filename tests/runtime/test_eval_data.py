@@ -22,6 +22,7 @@ from hf_fedflat.runtime import fast_path
 from hf_fedflat.runtime.eval_data import RecordedBatches, mark_deterministic
 from hf_fedflat.runtime.fast_trainer import FastClientTrainer
 from hf_fedflat.runtime.materialize import TensorRows
+from hf_fedflat.runtime.transform_rows import TransformedRows
 from hf_fedflat.training.client_trainer import ClientTrainer
 
 from helpers.hf_fixtures import CORPUS, tiny_bert_dir, tiny_gpt2_dir
@@ -213,7 +214,8 @@ def test_random_transform_runs_every_batch_of_every_evaluation(tmp_path, one_thr
     model = digits_cnn()
     fast = FastClientTrainer(model=model, args=args, compute_metrics=accuracy_metrics)
     reference = Trainer(model=model, args=args, compute_metrics=accuracy_metrics)
-    assert isinstance(loaded_rows(fast, dataset), datasets.Dataset)
+    # never kept: read batch by batch, one dataset[rows] call each (mechanism transform_batches)
+    assert isinstance(loaded_rows(fast, dataset), TransformedRows)
     results = []
     for trainer in (fast, fast, reference):
         torch.manual_seed(3)
