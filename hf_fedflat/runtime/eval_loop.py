@@ -6,8 +6,10 @@ per batch, a step of accelerate's ``DataLoaderShard`` over torch's ``DataLoader`
 copy), two ``pad_across_processes`` and three ``gather_for_metrics`` calls that change nothing on one process. On
 workload 6's evaluation (1,797 rows in 15 batches of a 4.9k-parameter CNN) that loop cost more than the forward
 passes a plain loop makes, and a decentralized round evaluates eleven models (``benchmarks/whole_run.py`` rows (a) and
-(c)). This loop reads each batch straight from the kept rows (the same batches, in the same order, through the same
-collator pass-through and device copy), keeps the ``DataLoaderShard``'s bookkeeping (its gradient-state entry, the
+(c)). This loop reads each batch straight from the kept rows, or from a random transform's rows
+(:mod:`.transform_rows`), the same batches in the same order through the same collator pass-through and device copy,
+each read before the previous one is used, as the ``DataLoaderShard`` reads them; it keeps the ``DataLoaderShard``'s
+bookkeeping (its gradient-state entry, the
 end-of-dataloader flag and remainder, its iteration count, the base seed the ``DataLoader`` iterator draws from
 torch's global generator), and runs the rest of the Trainer's loop as the Trainer does: its ``prediction_step``
 (overridable), ``preprocess_logits_for_metrics``, the ``on_prediction_step`` event, its ``EvalLoopContainer``s,
@@ -15,9 +17,9 @@ the accelerator's ``gather_for_metrics`` on the last batch (which drops the rows
 ``compute_metrics``, the NaN filter, ``eval_loss`` and the key prefix. The metrics, predictions and labels are the
 Trainer's value for value (``tests/runtime/test_eval_loop.py``).
 
-It is used only where :func:`applies` says so: the dataloader is one :mod:`.eval_data` made (rows read once, a
-sequential sampler, no workers, no pinned memory, no stateful loader), one process (no DeepSpeed, FSDP or XLA), the
-model already prepared, no full-precision-change eval, no ``batch_eval_metrics``, ``eval_accumulation_steps`` or
+It is used only where :func:`applies` says so: the dataloader is one :mod:`.eval_data` or :mod:`.transform_rows`
+made (rows read once or a transform's rows read per batch, a sequential sampler, no workers, no pinned memory, no
+stateful loader), one process (no DeepSpeed, FSDP or XLA), the model already prepared, no full-precision-change eval, no ``batch_eval_metrics``, ``eval_accumulation_steps`` or
 ``include_for_metrics``; anything else runs the Trainer's loop. Relies on private ``transformers`` / ``accelerate``
 API (``EvalLoopContainer``, ``DataLoaderShard.begin`` / ``end``, ``_wrap_model``); pyproject pins both.
 """
@@ -32,6 +34,7 @@ from torch.utils.data import SequentialSampler
 
 from .eval_data import RecordedBatches, single_process_gather
 from .materialize import PreCollated, TensorRows
+from .transform_rows import TransformedRows
 
 __all__ = ["applies", "run"]
 
@@ -45,7 +48,7 @@ def applies(trainer, dataloader) -> bool:
     base = getattr(dataloader, "base_dataloader", None)
     return (
         type(dataloader) is DataLoaderShard and base is not None
-        and type(dataloader.dataset) in (TensorRows, RecordedBatches)
+        and type(dataloader.dataset) in (TensorRows, RecordedBatches, TransformedRows)
         and isinstance(dataloader.collate_fn, PreCollated)
         and type(dataloader.batch_sampler.sampler) is SequentialSampler
         and dataloader.batch_sampler.batch_size == args.eval_batch_size
@@ -65,26 +68,33 @@ def applies(trainer, dataloader) -> bool:
 
 
 def _batches(dataloader):
-    """The batches the ``DataLoaderShard`` yields, with its bookkeeping: ``(inputs, is_last)``."""
+    """The batches the ``DataLoaderShard`` yields, with its bookkeeping: ``(inputs, is_last)``. Each batch is read
+    before the previous one is yielded, as the ``DataLoaderShard`` reads them (a transform drawing random numbers, in
+    :class:`~.transform_rows.TransformedRows`, draws them at the same points)."""
     from accelerate.utils import send_to_device
 
     rows, size, drop_last = dataloader.dataset, dataloader.batch_sampler.batch_size, dataloader.batch_sampler.drop_last
     n = len(rows)
     stops = range(0, n - n % size if drop_last else n, size)
+    read = lambda start: dataloader.collate_fn(rows.__getitems__(list(range(start, min(start + size, n)))))  # noqa
     dataloader.begin()  # (the remainder of the last batch, the gradient state's active dataloader)
     try:
         dataloader.set_epoch(dataloader.iteration)
         torch.empty((), dtype=torch.int64).random_()  # the DataLoader iterator's base seed, drawn as it draws it
-        for index, start in enumerate(stops):
-            inputs = dataloader.collate_fn(rows.__getitems__(list(range(start, min(start + size, n)))))
+        if not stops:
+            return
+        current = read(stops[0])
+        for start in stops[1:]:
             if dataloader.device is not None:
-                inputs = send_to_device(inputs, dataloader.device, non_blocking=dataloader._non_blocking)
-            last = index == len(stops) - 1
-            if last:
-                dataloader.end_of_dataloader = True
-            yield inputs, last
-        if stops:
-            dataloader.iteration += 1
+                current = send_to_device(current, dataloader.device, non_blocking=dataloader._non_blocking)
+            following = read(start)
+            yield current, False
+            current = following
+        if dataloader.device is not None:
+            current = send_to_device(current, dataloader.device, non_blocking=dataloader._non_blocking)
+        dataloader.end_of_dataloader = True
+        yield current, True
+        dataloader.iteration += 1
     finally:
         dataloader.end()
 

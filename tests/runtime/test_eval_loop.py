@@ -141,3 +141,24 @@ def test_switch_and_unsupported_settings_take_the_trainers_loop(tmp_path, one_th
         trainer.evaluate(dataset)
         trainer.evaluate(dataset)
     assert lean_runs == []
+
+
+def test_random_transform_draws_as_in_the_trainers_loop(tmp_path, one_thread, lean_runs):
+    """A transform not declared deterministic: read per batch (``runtime.transform_rows``), each batch before the
+    previous one is used; the noise it draws, the metrics and torch's generator state are the Trainer's."""
+    from hf_fedflat.runtime.transform_rows import TransformedRows
+
+    def noisy(batch):
+        pixels = torch.tensor(np.asarray(batch["image"], dtype=np.float32))[:, None]
+        return {"pixel_values": pixels + 0.1 * torch.randn(pixels.shape), "labels": torch.tensor(batch["label"])}
+
+    data = load_digits()
+    dataset = datasets.Dataset.from_dict({"image": (data.images[:150] / 16.0).tolist(),
+                                          "label": data.target[:150].tolist()}).with_transform(noisy)
+    args = arguments(tmp_path, per_device_eval_batch_size=32, remove_unused_columns=False)
+    model = digits_cnn()
+    fast = FastClientTrainer(model=model, args=args, compute_metrics=accuracy_metrics)
+    reference = Trainer(model=model, args=args, compute_metrics=accuracy_metrics)
+    assert type(fast.get_eval_dataloader(dataset).dataset) is TransformedRows
+    assert_same(evaluations(fast, dataset), evaluations(reference, dataset))
+    assert lean_runs == ["Evaluation", "Prediction"]
