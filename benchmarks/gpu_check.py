@@ -26,8 +26,9 @@ every step ok and every target passed. The exit status is 0 unless the script it
 result, not an error. docs/gpu.md describes the fields and the targets.
 
 ``--dry-run`` runs the same five steps on the CPU with tiny sizes (one preset's bf16 test, the quickstart's
-``--smoke``, workloads 1-2 at a few steps with a small ViT, three rounds of the digits, two rounds of each K), in
-about a minute; its numbers mean nothing, its JSON has the real one's structure.
+``--smoke``, workloads 1-2 at one step per client on a 16-client play set and a small ViT on 32 px images, three
+rounds of the digits, two rounds of each K): about a minute, mostly the five child processes' imports; its numbers
+mean nothing, its JSON has the real one's structure.
 """
 
 from __future__ import annotations
