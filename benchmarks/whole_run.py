@@ -630,6 +630,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         profile_digits_round(opts)
         return []
     output = Path(opts.output) if opts.output else (None if opts.smoke else HERE / "whole_run.json")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
     records: list[dict] = []
     for name in [s.strip() for s in opts.only.split(",") if s.strip()]:
         if name not in SECTIONS:
@@ -639,6 +640,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for rec in new:
             rec["details"]["section_seconds"] = round(time.perf_counter() - t0, 1)
             rec["details"]["date"] = time.strftime("%Y-%m-%d")
+            rec["details"]["commit"] = commit
         records += new
         log(format_records(new))
         if output is not None:

@@ -7,10 +7,10 @@ decentralized local models' evaluations, the diagnostics and MimeLite's full gra
 ``per_device_eval_batch_size``). A ``datasets.Dataset`` in ``torch`` format formats every value of every row it
 serves, each time (one ``torch.tensor`` call per value): on workload 6's evaluation set that was most of the round.
 :func:`eval_dataloader` gives the Trainer a dataloader over the rows read once instead; the Trainer's own
-``evaluation_loop`` runs on it unchanged (``prediction_step``, ``compute_loss`` with label smoothing or
-``compute_loss_func``, ``preprocess_logits_for_metrics``, ``compute_metrics``, the ``eval_*`` keys, ``no_grad``,
-the model in eval mode), so evaluation gives the same numbers as the Trainer's path (``tests/runtime/
-test_eval_data.py``). Two forms, chosen per dataset:
+``evaluation_loop`` (or its lean form on one process, :mod:`.eval_loop`) runs on it (``prediction_step``,
+``compute_loss`` with label smoothing or ``compute_loss_func``, ``preprocess_logits_for_metrics``,
+``compute_metrics``, the ``eval_*`` keys, ``no_grad``, the model in eval mode), so evaluation gives the same numbers
+as the Trainer's path (``tests/runtime/test_eval_data.py``). Two forms, chosen per dataset:
 
 * **columns** (:func:`~.materialize.materialize`): fixed-shape numeric columns with the default collator are read
   once from the Arrow table into tensors; each batch is one index operation over them;

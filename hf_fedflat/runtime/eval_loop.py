@@ -19,8 +19,9 @@ Trainer's value for value (``tests/runtime/test_eval_loop.py``).
 
 It is used only where :func:`applies` says so: the dataloader is one :mod:`.eval_data` or :mod:`.transform_rows`
 made (rows read once or a transform's rows read per batch, a sequential sampler, no workers, no pinned memory, no
-stateful loader), one process (no DeepSpeed, FSDP or XLA), the model already prepared, no full-precision-change eval, no ``batch_eval_metrics``, ``eval_accumulation_steps`` or
-``include_for_metrics``; anything else runs the Trainer's loop. Relies on private ``transformers`` / ``accelerate``
+stateful loader), one process (no DeepSpeed, FSDP or XLA), the model already prepared, no ``fp16_full_eval`` /
+``bf16_full_eval``, no ``batch_eval_metrics``, ``eval_accumulation_steps`` or ``include_for_metrics``; anything else
+runs the Trainer's loop. Relies on private ``transformers`` / ``accelerate``
 API (``EvalLoopContainer``, ``DataLoaderShard.begin`` / ``end``, ``_wrap_model``); pyproject pins both.
 """
 
