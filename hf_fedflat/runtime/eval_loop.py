@@ -77,7 +77,11 @@ def _batches(dataloader):
     rows, size, drop_last = dataloader.dataset, dataloader.batch_sampler.batch_size, dataloader.batch_sampler.drop_last
     n = len(rows)
     stops = range(0, n - n % size if drop_last else n, size)
-    read = lambda start: dataloader.collate_fn(rows.__getitems__(list(range(start, min(start + size, n)))))  # noqa
+    if type(rows) is TensorRows and type(dataloader.collate_fn) is PreCollated:
+        # what ``__getitems__`` and the pass-through collator give, without a list of the batch's positions
+        read = lambda start: rows.materialized.collate(rows.indices[start:min(start + size, n)])  # noqa: E731
+    else:
+        read = lambda start: dataloader.collate_fn(rows.__getitems__(list(range(start, min(start + size, n)))))  # noqa
     dataloader.begin()  # (the remainder of the last batch, the gradient state's active dataloader)
     try:
         dataloader.set_epoch(dataloader.iteration)
@@ -98,6 +102,20 @@ def _batches(dataloader):
         dataloader.iteration += 1
     finally:
         dataloader.end()
+
+
+def _add_all(container, batches: list) -> None:
+    """``container.add`` of each of ``batches`` in turn. Where each is a tensor of one dtype and one shape past the
+    first dimension, that concatenation is ``torch.cat`` of each pair: one ``torch.cat`` of them all gives the same
+    tensor, without a growing copy and a walk of ``nested_concat`` per batch."""
+    first = batches[0] if batches else None
+    if (container.do_nested_concat and container.tensors is None and len(batches) > 1
+            and all(type(t) is torch.Tensor and t.dim() > 0 and t.dtype == first.dtype and t.device == first.device
+                    and t.shape[1:] == first.shape[1:] for t in batches)):
+        container.add(torch.cat(batches))
+        return
+    for batch in batches:
+        container.add(batch)
 
 
 def run(trainer, dataloader, description: str, prediction_loss_only: bool | None = None,
@@ -126,6 +144,7 @@ def run(trainer, dataloader, description: str, prediction_loss_only: bool | None
     all_labels = EvalLoopContainer(args.eval_do_concat_batches, padding_index=-100)
     gather = trainer.gather_function  # the accelerator's, for the last batch (one process: nothing else changes)
     observed_num_examples = 0
+    batch_losses, batch_preds, batch_labels = [], [], []  # added to the containers after the loop (_add_all)
     for inputs, last in _batches(dataloader):
         observed_batch_size = find_batch_size(inputs)
         if observed_batch_size is not None:
@@ -134,14 +153,16 @@ def run(trainer, dataloader, description: str, prediction_loss_only: bool | None
         # (pad_across_processes pads to the longest batch of all processes: on one process, the batch itself)
         if losses is not None:
             losses = losses.repeat(batch_size)
-            all_losses.add(gather(losses) if last else losses)
+            batch_losses.append(gather(losses) if last else losses)
         if logits is not None:
             if trainer.preprocess_logits_for_metrics is not None:
                 logits = trainer.preprocess_logits_for_metrics(logits, labels)
-            all_preds.add(gather(logits) if last else logits)
+            batch_preds.append(gather(logits) if last else logits)
         if labels is not None:
-            all_labels.add(gather(labels) if last else labels)
+            batch_labels.append(gather(labels) if last else labels)
         trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
+    for container, batches in ((all_losses, batch_losses), (all_preds, batch_preds), (all_labels, batch_labels)):
+        _add_all(container, batches)
     trainer.gather_function = trainer.accelerator.gather_for_metrics  # as the Trainer's loop leaves it
 
     all_losses, all_preds, all_labels = all_losses.get_arrays(), all_preds.get_arrays(), all_labels.get_arrays()

@@ -162,3 +162,26 @@ def test_random_transform_draws_as_in_the_trainers_loop(tmp_path, one_thread, le
     assert type(fast.get_eval_dataloader(dataset).dataset) is TransformedRows
     assert_same(evaluations(fast, dataset), evaluations(reference, dataset))
     assert lean_runs == ["Evaluation", "Prediction"]
+
+
+def test_add_all_gives_what_adding_batch_by_batch_gives():
+    """One concatenation where the batches share dtype and trailing shape; else each batch added in turn, so that a
+    batch of another width is padded with -100 as the Trainer's container pads it."""
+    from transformers.trainer_pt_utils import EvalLoopContainer
+
+    same = EvalLoopContainer(True, padding_index=-100)
+    eval_loop._add_all(same, [torch.tensor([[1, 2], [3, 4]]), torch.tensor([[5, 6]])])
+    np.testing.assert_array_equal(same.get_arrays(), [[1, 2], [3, 4], [5, 6]])
+
+    wider = EvalLoopContainer(True, padding_index=-100)
+    eval_loop._add_all(wider, [torch.tensor([[1, 2]]), torch.tensor([[3, 4, 5]])])
+    np.testing.assert_array_equal(wider.get_arrays(), [[1, 2, -100], [3, 4, 5]])
+
+    listed = EvalLoopContainer(False)
+    eval_loop._add_all(listed, [torch.tensor([1.0]), torch.tensor([2.0, 3.0])])
+    assert [a.tolist() for a in listed.get_arrays()] == [[1.0], [2.0, 3.0]]
+
+    nested = EvalLoopContainer(True)
+    eval_loop._add_all(nested, [(torch.tensor([1]), torch.tensor([[7.0]])), (torch.tensor([2]), torch.tensor([[8.0]]))])
+    ids, scores = nested.get_arrays()
+    assert ids.tolist() == [1, 2] and scores.tolist() == [[7.0], [8.0]]
