@@ -54,7 +54,12 @@ class TransformedRows(torch.utils.data.Dataset):
     def batch(self, positions) -> dict[str, Any]:
         """The collated batch of the rows at ``positions`` (a sequence or a tensor of positions in this client)."""
         positions = positions.numpy() if isinstance(positions, torch.Tensor) else np.asarray(positions, dtype=np.int64)
-        return self.source.collate(self.source.dataset[self.indices[positions].tolist()])
+        rows = self.indices[positions]
+        if len(rows) > 1 and rows[-1] - rows[0] == len(rows) - 1 and (np.diff(rows) == 1).all():
+            # consecutive rows (an evaluation's batches): the same rows, in one batch for the transform, through a
+            # slice, which ``datasets`` reads without a gather (0.49 vs 0.76 ms for 128 rows of workload 6's digits)
+            return self.source.collate(self.source.dataset[int(rows[0]):int(rows[-1]) + 1])
+        return self.source.collate(self.source.dataset[rows.tolist()])
 
     def __getitems__(self, positions: Sequence[int]) -> list[CollatedBatch]:
         return [CollatedBatch(self.batch(positions))] * len(positions)

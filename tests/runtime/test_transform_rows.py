@@ -83,6 +83,30 @@ def test_a_batch_is_what_the_default_collator_makes_of_its_rows(transform):
     assert len(rows) == 5
 
 
+
+@pytest.mark.parametrize("selected", [False, True])
+def test_consecutive_rows_are_one_batch_of_the_same_rows(selected):
+    """Consecutive rows (an evaluation's batches) are read through a slice: the transform sees one batch of the same
+    rows as with their list, also through a dataset's indices mapping (a ``select``)."""
+    seen = []
+
+    def transform(b):
+        seen.append(list(b["y"]))
+        return {"x": torch.tensor(b["x"]), "labels": torch.tensor(b["y"])}
+
+    table = {"x": [[float(i), float(i) / 4] for i in range(10)], "y": list(range(10))}
+    dataset = datasets.Dataset.from_dict(table)
+    if selected:
+        dataset = dataset.select([9, 8, 7, 6, 5])
+    rows = TransformedSource(dataset.with_transform(transform), default_data_collator).rows(range(len(dataset)))
+    got = rows.batch([1, 2, 3])
+    expected_rows = [8, 7, 6] if selected else [1, 2, 3]
+    assert seen == [expected_rows]
+    assert torch.equal(got["x"], torch.tensor([[float(r), r / 4] for r in expected_rows]))
+    assert torch.equal(got["labels"], torch.tensor(expected_rows))
+    rows.batch([3, 1])  # not consecutive: the rows' list
+    assert seen[-1] == ([6, 8] if selected else [3, 1])
+
 def test_switch_and_unsupported_settings_keep_the_select():
     from types import SimpleNamespace
 
