@@ -168,17 +168,9 @@ class ClientTrainer(Trainer):
         """The representation of ``inputs`` at the trainable weights ``flat`` (no gradient, eval mode, the model's
         own weights untouched)."""
         capture = self._representation_capture()
-        params = dict(zip(self.space.names, self.space.split(flat.to(self.space.device, self.space.dtype))))
-        inputs = {k: v for k, v in inputs.items() if k != "labels"}
-        model = self.model  # the unwrapped model: the parameter names of self.space
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad(), capture.active():
-                torch.func.functional_call(model, params, args=(), kwargs=inputs, strict=False)
-                return capture.take(mask)
-        finally:
-            model.train(was_training)
+        with capture.active():
+            self._outputs_at(inputs, flat)
+            return capture.take(mask)
 
     def _outputs_at(self, inputs, flat: torch.Tensor):
         """The model's outputs for ``inputs`` (without their labels) at the trainable weights ``flat`` (no gradient,
