@@ -1,14 +1,9 @@
 """FedGloSS's server rule (``fedgloss``): the weights sent ``w~ = w + rho_t Delta^{t-1}/||Delta^{t-1}||``, the dual
 ``sigma``, the pseudo-gradient and ``w^{t+1} = w - eta_s Delta^t - beta sigma`` over several rounds of partial
-participation, computed by hand; with FedGH in front; and whole runs: resume, two processes, the decentralized
-refusal. (The client half: ``tests/corrections/test_fedgloss.py``.)"""
+participation, computed by hand; with FedGH in front; and whole runs: resume, the decentralized refusal. (The
+client half: ``tests/corrections/test_fedgloss.py``; two processes: ``tests/federation/test_comm.py``.)"""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,10 +11,8 @@ from safetensors.torch import load_file
 
 from hf_fedflat import FedTrainingArguments, build_algorithm
 from hf_fedflat.algorithms import ClientUpdate
-
 from hf_fedflat.state.store import unflatten_state
 
-from helpers import REPO_ROOT, TEST_SCRIPTS
 from helpers.runs import run
 from step_helpers import server, vector
 
@@ -143,36 +136,3 @@ def test_a_decentralized_run_refuses_the_server_rule(tmp_path):
     with pytest.raises(ValueError, match="aggregator"):
         build_algorithm(FedTrainingArguments(output_dir=str(tmp_path), use_cpu=True, fed_algorithm="dfedsam",
                                              aggregator="fedgloss", num_clients=4, clients_per_round=2))
-
-
-RUN_FLAGS = [
-    "--fed_algorithm", "fedgloss+fedgh+swa", "--swa_start_fraction", "0.25", "--swa_cycle_rounds", "2",
-    "--rho_warmup_rounds", "3", "--rho_start", "0.01", "--fedgloss_rho", "0.1", "--num_rounds", "4",
-    "--num_clients", "6", "--clients_per_round", "3", "--local_steps", "2", "--per_device_train_batch_size", "4",
-    "--partition_scheme", "iid", "--learning_rate", "0.1", "--save_every_n_rounds", "2", "--disable_tqdm", "true",
-]
-
-
-def launch(config: str, output_dir) -> None:
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(REPO_ROOT / "accelerate_configs" / config), "--main_process_port", "0",
-               str(TEST_SCRIPTS / "tiny_federated_run.py"), "--output_dir", str(output_dir), *RUN_FLAGS]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-
-@pytest.mark.timeout(900)
-def test_two_processes_equal_one_process(tmp_path):
-    """FedGloSS (weights sent differ from the server's), FedGH and SWA (client learning rate, evaluated model) in
-    one composition: two ``accelerate launch`` processes give one process's model and history."""
-    launch("cpu_1proc.yaml", tmp_path / "one")
-    launch("cpu_2proc.yaml", tmp_path / "two")
-    one = load_file(str(tmp_path / "one" / "final_params.safetensors"))["params"]
-    two = load_file(str(tmp_path / "two" / "final_params.safetensors"))["params"]
-    assert (one - two).abs().max().item() <= 1e-5
-    history_one = json.loads((tmp_path / "one" / "history.json").read_text())
-    history_two = json.loads((tmp_path / "two" / "history.json").read_text())
-    assert [r["clients"] for r in history_one] == [r["clients"] for r in history_two]
-    assert [r["learning_rate"] for r in history_one] == [r["learning_rate"] for r in history_two]
-    assert [r["eval_accuracy"] for r in history_one] == pytest.approx([r["eval_accuracy"] for r in history_two])

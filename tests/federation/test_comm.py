@@ -2,7 +2,8 @@
 
 The first run composes LESAM (per-client old models), SCAFFOLD (c_i, c) and FedGH: every kind of state crosses
 the exchange. The others carry the newer methods' state: FedGMT's duals and moving average under an ASAM client
-(whose weight mask is built in each process), FedWMSAM's momentum, variates and weight behind FedGH."""
+(whose weight mask is built in each process), FedWMSAM's momentum, variates and weight behind FedGH, and
+FedGloSS's sent weights, dual and pseudo-gradient with FedGH and SWA's cyclic learning rate and average."""
 
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ ALGORITHMS = {
     "fedlesam_s+fedgh": ["--fed_algorithm", "fedlesam_s+fedgh"],
     "fedgmt+asam": ["--fed_algorithm", "fedgmt", "--perturbation", "asam"],
     "fedwmsam+fedgh": ["--fed_algorithm", "fedwmsam+fedgh"],
+    # FedGloSS (the weights sent differ from the server's), FedGH and SWA (the client learning rate, the model
+    # evaluated) in one composition
+    "fedgloss+fedgh+swa": ["--fed_algorithm", "fedgloss+fedgh+swa", "--swa_start_fraction", "0.25",
+                           "--swa_cycle_rounds", "2", "--rho_warmup_rounds", "3", "--rho_start", "0.01",
+                           "--fedgloss_rho", "0.1", "--clients_per_round", "3"],
 }
 
 
@@ -55,6 +61,7 @@ def test_two_processes_equal_one_process(tmp_path, algorithm):
     history_one = json.loads((tmp_path / "one" / "history.json").read_text())
     history_two = json.loads((tmp_path / "two" / "history.json").read_text())
     assert [r["clients"] for r in history_one] == [r["clients"] for r in history_two]
+    assert [r["learning_rate"] for r in history_one] == [r["learning_rate"] for r in history_two]
     assert [r["eval_accuracy"] for r in history_one] == pytest.approx([r["eval_accuracy"] for r in history_two])
     # SCAFFOLD's c_i and LESAM's w_old_i made the round trip through the exchange and the store
     assert list((tmp_path / "two" / "checkpoints" / "round-3" / "client_states").iterdir())
