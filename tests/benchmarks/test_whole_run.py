@@ -3,27 +3,19 @@ accuracy every round), and the records carry ratio, target and the raw times. No
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import REPO_ROOT
-
-PATH = REPO_ROOT / "benchmarks" / "whole_run.py"
-
+from helpers import load_benchmark
 
 @pytest.fixture(scope="module")
 def W():
-    sys.path.insert(0, str(PATH.parent))
-    spec = importlib.util.spec_from_file_location("benchmarks_whole_run", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    module = load_benchmark("whole_run")
     yield module
-    del sys.modules[spec.name]
+    del sys.modules[module.__name__]
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ Shakespeare with the counts asked for, FEMNIST-shaped writers partition one clie
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 
 import numpy as np
@@ -17,20 +16,13 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from hf_fedflat.data.partition import natural_id_partition
 from hf_fedflat.models import create_model
 
-from helpers import REPO_ROOT
-
-PATH = REPO_ROOT / "benchmarks" / "workloads.py"
-
+from helpers import load_benchmark
 
 @pytest.fixture(scope="module")
 def W():
-    sys.path.insert(0, str(PATH.parent))
-    spec = importlib.util.spec_from_file_location("benchmarks_workloads", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    module = load_benchmark("workloads")
     yield module
-    del sys.modules[spec.name]
+    del sys.modules[module.__name__]
 
 
 @pytest.fixture(scope="module")

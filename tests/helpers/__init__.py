@@ -4,6 +4,7 @@
   ``benchmarks/``, the package itself) whatever folder the test sits in;
 * :data:`TEST_SCRIPTS` -- ``tests/scripts``: small runs started in a subprocess;
 * :func:`load_recipe` -- a script of ``recipes/`` as a module (its ``main``, ``DEFAULTS``, ``SMOKE``);
+* :func:`load_benchmark` -- a script of ``benchmarks/`` as a module;
 * :func:`forbid_loading` -- data loading and model building fail the test if reached (configuration checks);
 * :func:`help_text` -- what a command's ``--help`` prints (it must exit with status 0).
 
@@ -20,6 +21,19 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_SCRIPTS = REPO_ROOT / "tests" / "scripts"
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as the module ``benchmarks_<name>``, with ``benchmarks/`` on ``sys.path`` (the
+    scripts import each other); the caller removes it from ``sys.modules`` when done."""
+    path = REPO_ROOT / "benchmarks" / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_recipe(name: str):
