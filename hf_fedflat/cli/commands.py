@@ -210,6 +210,112 @@ def sweep_main(argv: Sequence[str]) -> int:
     return run(argv)
 
 
+# -------------------------------------------------------------------------------------------------
+# Flower
+# -------------------------------------------------------------------------------------------------
+def flower_app_main(argv: Sequence[str]) -> int:
+    """``hf-fedflat flower-app --config run.yaml --output APP_DIR [--field value ...]``: the run as a Flower App."""
+    from .exit_codes import input_error_types, report_input_error
+    from .parsing import ConfigError, parse_train_args, read_config_file, split_config
+
+    parser = argparse.ArgumentParser(
+        prog="hf-fedflat flower-app",
+        description="Write a Flower App (pyproject.toml and its package) whose ServerApp and ClientApp are "
+                    "hf_fedflat's, with the run's configuration as the App's settings; then `flwr run APP_DIR "
+                    "<federation>`, or `hf-fedflat flower-local --app APP_DIR --supernodes N`. Further "
+                    "`--field value` flags of `hf-fedflat train` override the file.")
+    parser.add_argument("--config", required=True, help="the run's YAML/JSON configuration (as hf-fedflat train)")
+    parser.add_argument("--output", required=True, help="the App folder to write")
+    parser.add_argument("--name", default=None, help="the App's name (default: the folder's name)")
+    known, rest = parser.parse_known_args(argv)
+    try:
+        from ..flower import require_flower
+
+        require_flower()
+        values = read_config_file(known.config)
+        _, flags = split_config(rest)
+        # the configuration is checked now, as hf-fedflat train checks it (nothing loads or trains here)
+        checked = parse_train_args(["--config", known.config, *flags])
+        given = {a[2:].split("=", 1)[0] for a in flags if a.startswith("--")}
+        for name in given:
+            values[name] = _field_value(checked, name)
+        from ..algorithms import build_algorithm
+
+        if build_algorithm(checked[-1]).aggregator.capabilities.decentralized:
+            raise ConfigError(f"fed_algorithm: {checked[-1].fed_algorithm!r} is decentralized (clients gossip with "
+                              "neighbours, there is no server); a Flower deployment runs the server algorithms.")
+        from ..flower import write_flower_app
+
+        folder = write_flower_app(values, known.output, name=known.name,
+                                  base_dir=os.path.dirname(os.path.abspath(known.config)))
+    except RuntimeError as error:
+        print(f"hf-fedflat flower-app: error: {error}", file=sys.stderr)
+        return 2
+    except input_error_types() as error:
+        return report_input_error("hf-fedflat flower-app", error)
+    print(f"Flower App written to {folder}\n  flwr run {folder} <federation>\n  "
+          f"hf-fedflat flower-local --app {folder} --supernodes <clients>")
+    return 0
+
+
+def _field_value(parsed: tuple, name: str):
+    for values in parsed:
+        if hasattr(values, name):
+            value = getattr(values, name)
+            return value.value if hasattr(value, "value") and not isinstance(value, (int, float, str)) else value
+    return None
+
+
+def flower_local_main(argv: Sequence[str]) -> int:
+    """``hf-fedflat flower-local --app APP_DIR --supernodes N``: a SuperLink and N SuperNodes on 127.0.0.1, the App
+    run on them, every process stopped at the end."""
+    parser = argparse.ArgumentParser(
+        prog="hf-fedflat flower-local",
+        description="Run a Flower App on a local federation: a SuperLink and N SuperNodes on 127.0.0.1 (free ports, "
+                    "no TLS), node i with partition-id=i. The run's log is streamed; every process started is "
+                    "stopped when the run ends, fails, times out or is interrupted.")
+    parser.add_argument("--app", required=True, help="the App folder (hf-fedflat flower-app --output)")
+    parser.add_argument("--supernodes", type=int, required=True, help="SuperNodes to start (usually num_clients)")
+    parser.add_argument("--run-config", default=None,
+                        help="overrides of the App's settings, as flwr run takes them: \"num_rounds=5 "
+                             "resume_from_checkpoint='latest'\"")
+    parser.add_argument("--state-dir", default=None,
+                        help="a folder for the nodes' client states (node-<i>/): they survive a SuperNode restart")
+    parser.add_argument("--node-config", default=None,
+                        help="further node settings for every node, e.g. \"data-path=/data/site\"")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped")
+    known = parser.parse_args(argv)
+    if known.supernodes < 1:
+        print("hf-fedflat flower-local: error: --supernodes: give at least 1.", file=sys.stderr)
+        return 2
+    if not os.path.isfile(os.path.join(known.app, "pyproject.toml")):
+        print(f"hf-fedflat flower-local: error: --app: {known.app} holds no pyproject.toml (write one with "
+              "hf-fedflat flower-app).", file=sys.stderr)
+        return 2
+    try:
+        from ..flower import require_flower
+
+        require_flower()
+    except RuntimeError as error:
+        print(f"hf-fedflat flower-local: error: {error}", file=sys.stderr)
+        return 2
+    from ..flower.local import LocalFederation
+
+    node_config = dict(item.split("=", 1) for item in (known.node_config or "").split() if "=" in item)
+    run_config = dict(item.split("=", 1) for item in (known.run_config or "").split() if "=" in item)
+    run_config = {k: v.strip("'\"") for k, v in run_config.items()}
+    federation = LocalFederation(known.supernodes, folder=known.state_dir, state_dirs=known.state_dir is not None,
+                                 node_config=node_config)
+    try:
+        federation.start()
+        return federation.run(known.app, run_config, timeout=known.timeout)
+    except KeyboardInterrupt:
+        print("\nflower-local: interrupted; stopping the federation", file=sys.stderr)
+        return 130
+    finally:
+        federation.stop()
+
+
 COMMANDS = {
     "train": (train_main, "run one federated experiment (flags or --config run.yaml)"),
     "compare": (compare_main, "compare runs' history.json: Markdown table, PNG, CSV"),
@@ -217,6 +323,8 @@ COMMANDS = {
                           "--config sweep.yaml"),
     "partition": (partition_main, "split a dataset into clients: summary and heatmap"),
     "list": (list_main, "list algorithms, datasets and models"),
+    "flower-app": (flower_app_main, "write a Flower App (hf_fedflat's ServerApp and ClientApp) from a run's config"),
+    "flower-local": (flower_local_main, "run a Flower App on a SuperLink and N SuperNodes on 127.0.0.1"),
 }
 
 

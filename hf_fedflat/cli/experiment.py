@@ -26,7 +26,7 @@ from ..data.arguments import DataArguments
 from ..data.catalog import FederatedData, load_data
 from ..models.arguments import ModelArguments
 
-__all__ = ["Experiment", "build_experiment", "build_model", "run_experiment"]
+__all__ = ["Experiment", "build_experiment", "build_model", "build_node_experiment", "run_experiment"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,32 @@ def build_experiment(
         raise
 
 
-def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
+def build_node_experiment(data_args: DataArguments, model_args: ModelArguments, args: FedTrainingArguments, *,
+                          lora_args=None, own_client: int | None = None) -> Experiment:
+    """The experiment as one node of a deployed federation builds it to train its clients (``hf_fedflat.flower``):
+    the same data, partition, initial model and local Trainer as :func:`build_experiment`, without claiming
+    ``args.output_dir`` (the server's run folder). ``own_client``: the node's training rows are all this client's
+    (its own dataset, the other clients' rows being elsewhere) instead of the run's partition of the dataset."""
+    args.apply_model_defaults(model_args.follows_trainer_conventions, bool(lora_args is not None and lora_args.use_lora))
+    return _build(data_args, model_args, args, lora_args, None, own_client=own_client)
+
+
+def _own_rows_partition(data: FederatedData, num_clients: int, client_id: int):
+    """A partition of ``num_clients`` clients in which ``client_id`` holds every training row of ``data``."""
+    import numpy as np
+
+    from ..data.partition import ClientPartition, _read_labels_if_any
+
+    labels, class_names = _read_labels_if_any(data.train, data.label_column)
+    indices = [np.arange(len(data.train)) if c == client_id else np.zeros(0, dtype=np.int64)
+               for c in range(num_clients)]
+    counts = np.zeros((num_clients, len(class_names)), dtype=np.int64)
+    counts[client_id] = np.bincount(labels, minlength=len(class_names))
+    return ClientPartition(client_indices=indices, label_counts=counts, scheme="node", alpha=None, seed=0,
+                           class_names=class_names, num_rows=len(data.train))
+
+
+def _build(data_args, model_args, args, lora_args, callbacks, own_client: int | None = None) -> Experiment:
     from ..federation.fingerprint import experiment_fingerprint
     from ..hub import HubPushCallback
 
@@ -170,6 +195,8 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
     check_metrics(metric_names, known_task)
     _check_generation(prompts, model_args, known_task)
     data = load_data(data_args, model_args, data_args.effective_split_seed)  # the data seed, not the run's
+    if own_client is not None:
+        data.partition = _own_rows_partition(data, args.num_clients, own_client)
     if data.partition is not None and data.partition.num_clients != args.num_clients:
         # the data decides (domains x clients_per_domain, Shakespeare's roles); the rest of args stays
         logger.info("num_clients = %d, as the %s data comes split (%s).", data.partition.num_clients, data.name,

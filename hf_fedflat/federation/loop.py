@@ -85,20 +85,13 @@ def _run(trainer, resume, history_file) -> FederatedTrainOutput:
         learning_rate = strategy.learning_rate(round_index, args.learning_rate * args.lr_decay_per_round**round_index)
         trainer.call_callbacks("on_round_begin", round_index, clients)
 
-        shares = _split(trainer, clients)
-        received = strategy.send(comm, shares, round_index)
-        updates, failures = _train_share(trainer, round_index, learning_rate, shares[comm.rank], received, round_start,
-                                         watch)
-
-        gathered = comm.gather_tensors(encode_updates(updates, failures))
+        # where the clients train: this launch's processes, or the nodes of a federation (hf_fedflat.flower)
+        updates, failures, transport = trainer.round_clients.train_round(trainer, round_index, learning_rate, clients,
+                                                                         round_start, watch)
         if comm.is_main:
-            updates, failures = decode_gathered(gathered)
-            del gathered  # the updates alone hold the exchange buffers (reused once they are dropped)
-            for update in updates:
-                trainer.cost_model.observe(update.num_steps, trainer.local_work(update.client_id)[1],
-                                           update.train_seconds)
             trainer.failure_policy.log(round_index, failures)
             record = _apply(trainer, round_index, learning_rate, updates, failures, len(clients))
+            record.update(transport)
             if failures:
                 record["failed_clients"] = [{"client": c, "reason": r} for c, r in sorted(failures.items())]
             record["round_seconds"] = time.perf_counter() - round_start
@@ -159,6 +152,33 @@ def _start(trainer, resume) -> tuple[int, float]:
     folder.rounds_started = True
     trainer.call_callbacks("on_train_begin")
     return (restored.round, restored.wall_seconds) if restored else (0, 0.0)
+
+
+class LaunchProcesses:
+    """The round's clients trained by the processes of this launch (one, or several under ``accelerate launch``):
+    split by predicted time, the round's inputs broadcast (and each process's clients' states scattered), each
+    process's share trained here, the results gathered to the main process.
+
+    The round loop's one seam for where clients train: ``train_round(trainer, round_index, learning_rate, clients,
+    round_start, watch) -> (updates, failures, transport)`` (on the main process the aggregatable updates in client
+    order and ``{client id: why it is excluded}``; ``transport``: record fields of the exchange itself, none here).
+    A federation whose clients train on other machines supplies another (``hf_fedflat.flower.FlowerClients``)."""
+
+    def train_round(self, trainer, round_index, learning_rate, clients, round_start, watch):
+        comm = trainer.comm
+        shares = _split(trainer, clients)
+        received = trainer.strategy.send(comm, shares, round_index)
+        updates, failures = _train_share(trainer, round_index, learning_rate, shares[comm.rank], received,
+                                         round_start, watch)
+        gathered = comm.gather_tensors(encode_updates(updates, failures))
+        if not comm.is_main:
+            return None, None, {}
+        updates, failures = decode_gathered(gathered)
+        del gathered  # the updates alone hold the exchange buffers (reused once they are dropped)
+        for update in updates:
+            trainer.cost_model.observe(update.num_steps, trainer.local_work(update.client_id)[1],
+                                       update.train_seconds)
+        return updates, failures, {}
 
 
 def _split(trainer, clients: list[int]) -> list[list[int]]:

@@ -117,6 +117,8 @@ class ServerStrategy:
         self.state: dict = {}
         self.template = ClientStateTemplate()
         self.payload_bytes = 0  # what one client downloads per round
+        #: whether the clients' states are kept in ``store`` (False where each node keeps its own: hf_fedflat.flower)
+        self.client_states_here = True
 
     def client_state_template(self, initial: Weights) -> ClientStateTemplate:
         """Every client with state holds each key the pieces declare: a flat vector like the parameters."""
@@ -140,13 +142,17 @@ class ServerStrategy:
         """main -> all: the weights the aggregator sends (``w^t`` unless it says otherwise; and buffers) and what
         the pieces broadcast; main -> each process: the states of the clients it trains."""
         main = comm.is_main
-        payload = comm.broadcast_tensors(
-            round_payload(self._sent_weights(round_index), self.algorithm.broadcast(self.state)) if main else None)
+        payload = comm.broadcast_tensors(self.round_inputs(round_index) if main else None)
         self.payload_bytes = tensor_bytes(payload)
         payload.update(comm.scatter_tensors(
             [client_states_payload({c: self.store.get(c) for c in share}) for share in shares] if main else None))
         params, buffers, broadcast, states = split_payload(payload)
         return {"params": params, "buffers": buffers, "broadcast": broadcast, "states": states}
+
+    def round_inputs(self, round_index: int) -> dict[str, torch.Tensor]:
+        """What every client of the round receives (main process): the weights the aggregator sends and what the
+        pieces broadcast, as the wire's ``params`` / ``buffers`` / ``broadcast/<piece>/<key>`` tensors."""
+        return round_payload(self._sent_weights(round_index), self.algorithm.broadcast(self.state))
 
     def _sent_weights(self, round_index: int) -> Weights:
         sent = self.algorithm.aggregator.broadcast_weights(
@@ -171,10 +177,11 @@ class ServerStrategy:
         # e.g. FedAdam with server_tau 0 (0/0): checked before it replaces the old model and state
         refuse_non_finite("server step", {**new, "server_state": state})
         self.weights, self.state = new, state
-        for update in updates:
-            self.template.check_live(update.client_id, update.state)
-            if update.state:
-                self.store.put(update.client_id, update.state)
+        if self.client_states_here:
+            for update in updates:
+                self.template.check_live(update.client_id, update.state)
+                if update.state:
+                    self.store.put(update.client_id, update.state)
         return self.diagnostics.round_metrics(updates, weights, self.payload_bytes)
 
     def model(self) -> Weights:

@@ -33,7 +33,7 @@ from .comm import get_process_group, quiet_process_group_warning
 from .divergence import DivergenceGuard
 from .fingerprint import model_fingerprint, partition_fingerprint
 from .load_balance import ClientCostModel
-from .loop import run_rounds
+from .loop import LaunchProcesses, run_rounds
 from .outcome import FederatedTrainOutput, TrainingFailedError, write_run_status
 from .reporting import PartitionFilesCallback
 from .run_folder import abandon_run_folder, claim_run_folder, release_run_folder
@@ -212,6 +212,9 @@ class FederatedTrainer(TrainerAPI):
             self.store = create_client_state_store(args.client_state_store, store_dir, args.client_state_memory_mb)
         #: what a round does with the clients' results (server FL; DecentralizedTrainer: gossip)
         self.strategy = ServerStrategy(self.algorithm, args, self.store, self.diagnostics)
+        #: where a round's clients train (federation.loop): this launch's processes; a Flower deployment's
+        #: ServerApp sets its SuperNodes instead (hf_fedflat.flower)
+        self.round_clients = LaunchProcesses()
 
     @functools.cached_property
     def checkpoints(self) -> RunCheckpoints:

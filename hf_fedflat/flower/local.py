@@ -1,0 +1,209 @@
+"""``hf-fedflat flower-local``: a Flower federation on this machine, for trying an App and for tests.
+
+A SuperLink and N SuperNodes on 127.0.0.1, each on a free port, insecure (no TLS: loopback only), with a Flower
+home folder of their own (nothing is written to ``~/.flwr``); ``flwr run`` submits the App and streams its log.
+Every process is started in its own process group and stopped with its children (the ``flwr-serverapp`` and
+``flwr-clientapp`` processes the SuperLink and SuperNodes start) when the run ends, fails, times out or is
+interrupted (Ctrl-C, SIGTERM).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["LocalFederation", "free_port"]
+
+CONNECTION = "hf-fedflat-local"
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {process.returncode} before it listened on port {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:g}s")
+
+
+def _bin(name: str) -> str:
+    """The Flower command ``name`` beside this Python (the virtual environment's), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else (shutil.which(name) or name)
+
+
+class LocalFederation:
+    """A SuperLink and SuperNodes on 127.0.0.1 (a context manager: every process is stopped on exit).
+
+    Args:
+        num_supernodes: SuperNodes to start, with ``partition-id`` 0..N-1 and ``num-partitions`` N.
+        folder: where the Flower home, the logs and (with ``state_dirs``) the nodes' state folders go; default a
+            temporary folder removed at the end.
+        state_dirs: give every node a ``state-dir`` (``<folder>/node-<i>``): its client state survives a restart.
+        node_config: further ``--node-config`` settings of every node (``{"data-path": ...}``), or a function of
+            the partition id returning them.
+        output: where the processes' logs go, line by line (default: this process's stdout); the SuperLink's and
+            SuperNodes' own logs are files in ``folder``.
+    """
+
+    def __init__(self, num_supernodes: int, *, folder: str | os.PathLike | None = None, state_dirs: bool = False,
+                 node_config: dict[str, Any] | Callable[[int], dict[str, Any]] | None = None,
+                 output: Callable[[str], None] | None = None):
+        self.num_supernodes = num_supernodes
+        self._temporary = folder is None
+        self.folder = Path(folder or tempfile.mkdtemp(prefix="hf_fedflat_flower_"))
+        self.state_dirs = state_dirs
+        self.node_config = node_config
+        self.output = output or (lambda line: print(line, end="", flush=True))
+        self.superlink: subprocess.Popen | None = None
+        self.nodes: dict[int, subprocess.Popen] = {}
+        self.port: int | None = None
+        self.home = self.folder / "flwr_home"
+        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_UPDATE_CHECK": "1",
+                    "PYTHONUNBUFFERED": "1"}
+
+    # -- processes --------------------------------------------------------------------------------------
+    def _popen(self, command: list[str], log_name: str) -> subprocess.Popen:
+        log = open(self.folder / log_name, "ab")
+        try:
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.folder,
+                                    start_new_session=True)
+        finally:
+            log.close()
+
+    def start(self, timeout: float = 60.0) -> "LocalFederation":
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.superlink = self._popen([_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
+                                      str(self.port)], "superlink.log")
+        _wait_for_port(self.port, self.superlink, timeout, "flower-superlink")
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        for partition_id in range(self.num_supernodes):
+            self.start_node(partition_id)
+        return self
+
+    def node_settings(self, partition_id: int) -> dict[str, Any]:
+        settings: dict[str, Any] = {"partition-id": partition_id, "num-partitions": self.num_supernodes}
+        if self.state_dirs:
+            settings["state-dir"] = str(self.folder / f"node-{partition_id}")
+        extra = self.node_config(partition_id) if callable(self.node_config) else (self.node_config or {})
+        settings.update(extra)
+        return settings
+
+    def start_node(self, partition_id: int) -> subprocess.Popen:
+        """Start (or restart) the SuperNode of ``partition_id``."""
+        settings = " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}"
+                            for k, v in self.node_settings(partition_id).items())
+        node = self._popen([_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+                            "--host", "127.0.0.1", "--port", str(free_port()), "--node-config", settings],
+                           f"supernode-{partition_id}.log")
+        self.nodes[partition_id] = node
+        return node
+
+    def kill_node(self, partition_id: int) -> None:
+        """SIGKILL the SuperNode of ``partition_id`` and the ClientApp it runs (a machine that went away)."""
+        _stop_group(self.nodes.pop(partition_id), signal.SIGKILL, 0)
+
+    # -- a run ------------------------------------------------------------------------------------------
+    def run(self, app: str | os.PathLike, run_config: dict[str, Any] | None = None, timeout: float = 3600.0) -> int:
+        """``flwr run`` the App on this federation, streaming its log to ``output``; returns its exit status (124 on
+        timeout, after stopping it)."""
+        command = [_bin("flwr"), "run", str(Path(app).resolve()), CONNECTION, "--stream"]
+        if run_config:
+            command += ["--run-config", " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                   cwd=self.folder, start_new_session=True, text=True, bufsize=1)
+        deadline = time.monotonic() + timeout
+        try:
+            import selectors
+
+            selector = selectors.DefaultSelector()
+            selector.register(process.stdout, selectors.EVENT_READ)
+            while True:
+                if time.monotonic() > deadline:
+                    self.output(f"flower-local: the run did not end within {timeout:g}s; stopping it\n")
+                    _stop_group(process, signal.SIGTERM, 5)
+                    return 124
+                if selector.select(timeout=0.5):
+                    line = process.stdout.readline()
+                    if line:
+                        self.output(line)
+                        continue
+                if process.poll() is not None:
+                    for line in process.stdout:
+                        self.output(line)
+                    return process.returncode
+        finally:
+            if process.poll() is None:
+                _stop_group(process, signal.SIGTERM, 5)
+            process.stdout.close()
+
+    def stop(self) -> None:
+        """Stop every process this federation started (SuperNodes first), with their children."""
+        for partition_id in list(self.nodes):
+            _stop_group(self.nodes.pop(partition_id), signal.SIGTERM, 5)
+        if self.superlink is not None:
+            _stop_group(self.superlink, signal.SIGTERM, 5)
+            self.superlink = None
+        if self._temporary:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def log(self, name: str) -> str:
+        """A process's log: ``superlink`` or ``supernode-<i>``."""
+        path = self.folder / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def __enter__(self) -> "LocalFederation":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("'", "") + "'"
+
+
+def _stop_group(process: subprocess.Popen, sig: int, grace: float) -> None:
+    """Signal ``process``'s process group (it and its children), then SIGKILL what is left after ``grace`` s."""
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the children too, whether the leader is gone or not
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
