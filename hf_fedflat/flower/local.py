@@ -78,8 +78,9 @@ class LocalFederation:
         self.nodes: dict[int, subprocess.Popen] = {}
         self.port: int | None = None
         self.home = self.folder / "flwr_home"
+        # TMPDIR: what the nodes write without a state-dir (working files, the warm workers' sockets) stays in folder
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_UPDATE_CHECK": "1",
-                    "PYTHONUNBUFFERED": "1"}
+                    "PYTHONUNBUFFERED": "1", "TMPDIR": str(self.folder / "tmp")}
 
     # -- processes --------------------------------------------------------------------------------------
     def _popen(self, command: list[str], log_name: str) -> subprocess.Popen:
@@ -92,6 +93,7 @@ class LocalFederation:
 
     def start(self, timeout: float = 60.0) -> "LocalFederation":
         self.home.mkdir(parents=True, exist_ok=True)
+        (self.folder / "tmp").mkdir(exist_ok=True)
         self.port = free_port()
         self.superlink = self._popen([_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
                                       str(self.port)], "superlink.log")

@@ -27,10 +27,6 @@ import os
 import tempfile
 from typing import Any
 
-from ..federation.client import ClientStart
-from ..federation.wire import encode_updates, split_payload
-from .node_state import NodeStates
-from .packing import pack, unpack
 from .settings import parse_run_config
 
 logger = logging.getLogger(__name__)
@@ -95,13 +91,13 @@ def _node_experiment(run_config: dict[str, Any], node: dict[str, Any]):
     return experiment
 
 
-def train_message(content, run_config: dict[str, Any], node_config: dict[str, Any], records) -> dict[str, Any]:
-    """Train the client a ``train`` message names; returns the reply's parts: ``{"update": (array, layout)}`` and
-    ``num_examples``, or ``{"failure": reason}``. ``records``: the run's ``Context.state`` (states without a
-    state-dir)."""
+def train_message(config: dict[str, Any], payload, run_config: dict[str, Any], node_config: dict[str, Any],
+                  records: dict) -> dict[str, Any]:
+    """Train the client a ``train`` message names (its ``config`` and ``payload`` bytes as a uint8 array); returns the
+    reply's parts: ``{"update": (array, layout), "num_examples": n}``, or ``{"failure": reason}``. ``records``: the
+    client states kept in ``Context.state`` (read and updated in place; unused with a ``state-dir``)."""
     from ..cli.exit_codes import input_error_types
 
-    config = content["config"]
     try:
         node = node_settings(node_config)
         experiment = _node_experiment(run_config, node)
@@ -110,6 +106,11 @@ def train_message(content, run_config: dict[str, Any], node_config: dict[str, An
         reason = str(error) if str(error).startswith(("node ", "node-config")) else f"{where}: {error}"
         logger.error("%s", reason)
         return {"failure": reason}
+    from ..federation.client import ClientStart
+    from ..federation.wire import encode_updates, split_payload
+    from .node_state import NodeStates
+    from .packing import pack, unpack
+
     client_id, round_index = int(config["client_id"]), int(config["round"])
     if client_id != node["partition_id"]:
         return {"failure": f"node {node['partition_id']}: received the message of client {client_id}"}
@@ -120,8 +121,7 @@ def train_message(content, run_config: dict[str, Any], node_config: dict[str, An
     if state is None:
         return {"failure": f"node {client_id}: holds no client state of round {state_round} (restarted without "
                            "its state-dir?); restart it with --node-config \"... state-dir=<its folder>\"."}
-    payload = unpack(content["arrays"]["payload"].numpy(), config["layout"])
-    params, buffers, broadcast, _ = split_payload(payload)
+    params, buffers, broadcast, _ = split_payload(unpack(payload, config["layout"]))
     start = ClientStart(params, broadcast, state, buffers)
     update, failure = trainer.local_training.train_safely(trainer.train_client, client_id, round_index,
                                                           float(config["learning_rate"]), start)
@@ -133,6 +133,47 @@ def train_message(content, run_config: dict[str, Any], node_config: dict[str, An
     return {"update": pack(encode_updates([update], {})), "num_examples": update.num_samples}
 
 
+def _train_here_or_in_worker(msg, context) -> dict[str, Any]:
+    """The reply's parts (:func:`train_message`), trained by the node's warm worker (:mod:`.worker`) unless the node
+    says ``warm-worker=false``; the states kept in ``Context.state`` are passed both ways."""
+    import numpy as np
+    from flwr.app import ConfigRecord
+
+    from .node_state import RECORD_PREFIX
+
+    config = dict(msg.content["config"])
+    payload = msg.content["arrays"]["payload"].numpy()
+    run_config, node_config = dict(context.run_config), dict(context.node_config)
+    records = {k: {"bytes": bytes(v["bytes"]), "layout": str(v["layout"])} for k, v in context.state.items()
+               if k.startswith(RECORD_PREFIX)}
+    before = set(records)
+    if str(node_config.get("warm-worker", "true")).lower() in ("false", "0", "no"):
+        result = train_message(config, payload, run_config, node_config, records)
+    else:
+        from .worker import call_worker, socket_path
+
+        node_key = f"{node_config.get('state-dir') or ''}:{node_config.get('partition-id')}"
+        anchor = os.getppid()  # the SuperNode's process that started this ClientApp: the worker ends with it
+        header = {"config": config, "run_config": run_config, "node_config": node_config,
+                  "record_layouts": {k: v["layout"] for k, v in records.items()}}
+        reply, blobs = call_worker(socket_path(node_key, anchor), anchor, header,
+                                   [payload.tobytes(), *(records[k]["bytes"] for k in header["record_layouts"])])
+        if reply.get("log"):
+            print(reply["log"], end="", flush=True)  # the worker's lines for this message, in the node's log
+        if "error" in reply:
+            raise RuntimeError(f"the node's worker failed: {reply['error']}")
+        update, *states = blobs
+        records = {k: {"bytes": b, "layout": layout} for (k, layout), b in zip(reply["record_layouts"].items(), states)}
+        result = {k: v for k, v in reply.items() if k in ("failure", "num_examples")}
+        if "layout" in reply:
+            result["update"] = (np.frombuffer(update, dtype=np.uint8), reply["layout"])
+    for key in before - set(records):
+        del context.state[key]
+    for key, value in records.items():
+        context.state[key] = ConfigRecord(value)
+    return result
+
+
 def client_app():
     """hf_fedflat's Flower ``ClientApp`` (the App's ``clientapp`` component)."""
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -142,7 +183,7 @@ def client_app():
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        result = train_message(msg.content, dict(context.run_config), dict(context.node_config), context.state)
+        result = _train_here_or_in_worker(msg, context)
         if "failure" in result:
             return Message(RecordDict({"config": ConfigRecord({"failure": result["failure"]})}), reply_to=msg)
         array, layout = result["update"]

@@ -20,10 +20,12 @@ from ..io import atomic_save_safetensors
 from ..state.store import flatten_state, unflatten_state
 from .packing import pack, unpack
 
-__all__ = ["NodeStates"]
+__all__ = ["RECORD_PREFIX", "NodeStates"]
 
 _FILE = re.compile(r"round-(\d+)\.safetensors")
-_KEY = "hf_fedflat.client_state.{client}.{round}"
+#: the key of a state in the records (``Context.state``)
+RECORD_PREFIX = "hf_fedflat.client_state."
+_KEY = RECORD_PREFIX + "{client}.{round}"
 
 
 class NodeStates:
@@ -31,7 +33,8 @@ class NodeStates:
 
     Args:
         folder: the node's ``state-dir`` (files), or None to keep the states in ``records``.
-        records: the run's ``Context.state`` (a Flower ``RecordDict``), used when ``folder`` is None.
+        records: ``{key: {"bytes": ..., "layout": ...}}``, the states the ClientApp keeps in the run's
+            ``Context.state`` (as ``ConfigRecord`` s), used when ``folder`` is None.
     """
 
     def __init__(self, folder: str | None, records=None):
@@ -65,11 +68,8 @@ class NodeStates:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_save_safetensors(flat, path)
             return
-        from flwr.app import ConfigRecord
-
         array, layout = pack(flat)
-        self.records[_KEY.format(client=client_id, round=round_number)] = ConfigRecord(
-            {"bytes": array.tobytes(), "layout": layout})
+        self.records[_KEY.format(client=client_id, round=round_number)] = {"bytes": array.tobytes(), "layout": layout}
 
     def rounds(self, client_id: int) -> list[int]:
         if self.folder is not None:

@@ -120,7 +120,6 @@ class FlowerClients:
         strategy.payload_bytes = tensor_bytes(payload)
         array, layout = pack(payload)
         failures: dict[int, str] = {}
-        sent: dict[str, int] = {}  # message id -> client id
         messages = []
         for client in clients:
             node_id = self.node_of.get(client)
@@ -134,26 +133,23 @@ class FlowerClients:
                                         "learning_rate": float(learning_rate), "state_round": state_round,
                                         "keep_round": keep_round}),
             }), dst_node_id=node_id, message_type=MessageType.TRAIN))
+        waiting = {m.metadata.dst_node_id: self.client_of[m.metadata.dst_node_id] for m in messages}
+        node_bytes = {str(client): [int(array.nbytes), 0] for client in waiting.values()}
         replies = list(self.grid.send_and_receive(messages, timeout=self.reply_timeout)) if messages else []
-        for message in messages:
-            sent[message.metadata.message_id] = self.client_of[message.metadata.dst_node_id]
-        node_bytes = {str(sent[m.metadata.message_id]): [int(array.nbytes), 0] for m in messages}
         updates = []
-        answered = set()
-        for reply in replies:
-            client = sent.get(reply.metadata.reply_to_message_id)
+        for reply in replies:  # one message per node: its reply is its client's
+            client = waiting.pop(reply.metadata.src_node_id, None)
             if client is None:
                 continue
-            answered.add(client)
             update, reason, nbytes = self._read_reply(reply, client, payload)
             node_bytes[str(client)][1] = nbytes
             if reason is not None:
                 failures[client] = reason
             else:
                 updates.append(update)
-        for client in set(sent.values()) - answered:
-            failures[client] = (f"no reply from its SuperNode (node {self.node_of.get(client)}) within "
-                                f"{self.reply_timeout:g}s: the node left or is too slow")
+        for node_id, client in waiting.items():
+            failures[client] = (f"no reply from its SuperNode (node {node_id}) within {self.reply_timeout:g}s: the "
+                                "node left or is too slow")
         updates.sort(key=lambda u: u.client_id)  # the order of the built-in loop's gather
         transport = {"node_bytes": node_bytes,
                      "bytes_sent": sum(b[0] for b in node_bytes.values()),
