@@ -34,7 +34,9 @@ def require_flower() -> None:
 
 
 def __getattr__(name: str):
-    if name in ("client_app", "train_message"):
+    if name == "client_app":
+        from . import relay as module
+    elif name == "train_message":
         from . import node as module
     elif name in ("server_app", "run_server"):
         from . import server as module

@@ -19,12 +19,31 @@ from .settings import ALWAYS_PRESENT, DEPLOYMENT_DEFAULTS, app_settings
 
 __all__ = ["write_flower_app"]
 
-_APPS_MODULE = '''"""The Flower App's components: hf_fedflat's ServerApp and ClientApp (hf_fedflat.flower)."""
+_APPS_MODULE = '''"""The Flower App's components: hf_fedflat's ServerApp and ClientApp (hf_fedflat.flower).
 
-from hf_fedflat.flower import client_app, server_app
+Flower starts a ClientApp process for every message: the ClientApp (hf_fedflat/flower/relay.py) is loaded by its file,
+without importing the hf_fedflat package (and torch) there; the ServerApp imports hf_fedflat when it starts.
+"""
 
-server = server_app()
-client = client_app()
+import importlib.util
+import os
+
+from flwr.serverapp import ServerApp
+
+_spec = importlib.util.spec_from_file_location("hf_fedflat_flower_relay", os.path.join(
+    importlib.util.find_spec("hf_fedflat").submodule_search_locations[0], "flower", "relay.py"))
+_relay = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_relay)
+
+client = _relay.client_app()
+server = ServerApp()
+
+
+@server.main()
+def main(grid, context):
+    from hf_fedflat.flower.server import serve
+
+    serve(grid, context)
 '''
 #: settings that name files or folders, made absolute when they are relative paths that exist
 _PATH_FIELDS = ("output_dir", "data_dir", "dataset_name", "model_name_or_path", "pretrained_path", "client_state_dir",

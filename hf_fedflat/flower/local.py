@@ -77,6 +77,7 @@ class LocalFederation:
         self.superlink: subprocess.Popen | None = None
         self.nodes: dict[int, subprocess.Popen] = {}
         self.port: int | None = None
+        self._stopped_groups: list[int] = []  # the groups of processes stopped, to check they are gone
         self.home = self.folder / "flwr_home"
         # TMPDIR: what the nodes write without a state-dir (working files, the warm workers' sockets) stays in folder
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -125,27 +126,29 @@ class LocalFederation:
 
     def kill_node(self, partition_id: int) -> None:
         """SIGKILL the SuperNode of ``partition_id`` and the ClientApp it runs (a machine that went away)."""
-        _stop_group(self.nodes.pop(partition_id), signal.SIGKILL, 0)
+        self._stopped_groups.append(_stop_group(self.nodes.pop(partition_id), signal.SIGKILL, 0))
 
     # -- a run ------------------------------------------------------------------------------------------
-    def run(self, app: str | os.PathLike, run_config: dict[str, Any] | None = None, timeout: float = 3600.0) -> int:
-        """``flwr run`` the App on this federation, streaming its log to ``output``; returns its exit status (124 on
-        timeout, after stopping it)."""
+    def submit(self, app: str | os.PathLike, run_config: dict[str, Any] | None = None) -> subprocess.Popen:
+        """Start ``flwr run`` of the App on this federation (its log on the returned process's stdout)."""
         command = [_bin("flwr"), "run", str(Path(app).resolve()), CONNECTION, "--stream"]
         if run_config:
             command += ["--run-config", " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
-                                   cwd=self.folder, start_new_session=True, text=True, bufsize=1)
-        deadline = time.monotonic() + timeout
-        try:
-            import selectors
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                cwd=self.folder, start_new_session=True, text=True, bufsize=1)
 
-            selector = selectors.DefaultSelector()
-            selector.register(process.stdout, selectors.EVENT_READ)
+    def follow(self, process: subprocess.Popen, timeout: float = 3600.0) -> int:
+        """Stream a submitted run's log to ``output`` until it ends; its exit status (124 on timeout, after stopping
+        it)."""
+        import selectors
+
+        deadline = time.monotonic() + timeout
+        selector = selectors.DefaultSelector()
+        selector.register(process.stdout, selectors.EVENT_READ)
+        try:
             while True:
                 if time.monotonic() > deadline:
                     self.output(f"flower-local: the run did not end within {timeout:g}s; stopping it\n")
-                    _stop_group(process, signal.SIGTERM, 5)
                     return 124
                 if selector.select(timeout=0.5):
                     line = process.stdout.readline()
@@ -157,16 +160,36 @@ class LocalFederation:
                         self.output(line)
                     return process.returncode
         finally:
+            selector.close()
             if process.poll() is None:
                 _stop_group(process, signal.SIGTERM, 5)
             process.stdout.close()
 
+    def run(self, app: str | os.PathLike, run_config: dict[str, Any] | None = None, timeout: float = 3600.0) -> int:
+        """``flwr run`` the App on this federation, streaming its log to ``output``; returns its exit status (124 on
+        timeout, after stopping it)."""
+        return self.follow(self.submit(app, run_config), timeout)
+
+    def server_app_processes(self) -> list[int]:
+        """The pids of the ``flwr-serverapp`` processes the SuperLink runs."""
+        found = subprocess.run(["pgrep", "-g", str(self.superlink.pid), "-f", "flwr-serverapp"], capture_output=True,
+                               text=True).stdout.split()
+        return [int(pid) for pid in found]
+
+    def processes(self) -> list[int]:
+        """Every process still running in this federation's process groups."""
+        groups = [p.pid for p in [self.superlink, *self.nodes.values()] if p is not None] + self._stopped_groups
+        found = []
+        for group in groups:
+            found += subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True).stdout.split()
+        return [int(pid) for pid in found]
+
     def stop(self) -> None:
         """Stop every process this federation started (SuperNodes first), with their children."""
         for partition_id in list(self.nodes):
-            _stop_group(self.nodes.pop(partition_id), signal.SIGTERM, 5)
+            self._stopped_groups.append(_stop_group(self.nodes.pop(partition_id), signal.SIGTERM, 5))
         if self.superlink is not None:
-            _stop_group(self.superlink, signal.SIGTERM, 5)
+            self._stopped_groups.append(_stop_group(self.superlink, signal.SIGTERM, 5))
             self.superlink = None
         if self._temporary:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -191,7 +214,7 @@ def _toml(value: Any) -> str:
     return "'" + str(value).replace("'", "") + "'"
 
 
-def _stop_group(process: subprocess.Popen, sig: int, grace: float) -> None:
+def _stop_group(process: subprocess.Popen, sig: int, grace: float) -> int:
     """Signal ``process``'s process group (it and its children), then SIGKILL what is left after ``grace`` s."""
     try:
         os.killpg(process.pid, sig)
@@ -209,3 +232,4 @@ def _stop_group(process: subprocess.Popen, sig: int, grace: float) -> None:
         process.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
+    return process.pid

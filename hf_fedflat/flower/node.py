@@ -31,17 +31,21 @@ from .settings import parse_run_config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["client_app", "node_settings", "train_message"]
+__all__ = ["NodeError", "node_settings", "train_message"]
 
-_EXPERIMENTS: dict[Any, Any] = {}  # this process's experiment per (run, node settings): built once
+_EXPERIMENTS: dict[Any, Any] = {}  # this process's experiments per (settings, node settings): built once
+_KEEP_EXPERIMENTS = 4  # (a warm worker serves the runs of one federation; a few of them at a time)
+_SERVER_ONLY = {"output_dir", "resume_from_checkpoint", "logging_dir", "report_to", "push_to_hub", "hub_model_id",
+                "hub_strategy", "hub_private_repo", "hub_token", "overwrite_output_dir", "do_eval", "do_predict"}
 
 
 class NodeError(ValueError):
     """A node's setting or data is wrong: one line naming the node and the field."""
 
 
-def node_settings(node_config: dict[str, Any]) -> dict[str, Any]:
-    """The node's settings, checked: ``partition_id``, ``num_partitions``, ``data_path``, ``state_dir``."""
+def node_settings(node_config: dict[str, Any], check_data: bool = True) -> dict[str, Any]:
+    """The node's settings, checked: ``partition_id``, ``num_partitions``, ``data_path``, ``state_dir``
+    (``check_data=False``: the data path is not looked at)."""
     def number(key):
         value = node_config.get(key)
         if value is None or value == "":
@@ -51,12 +55,14 @@ def node_settings(node_config: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise NodeError(f"node-config {key}: {value!r} is not an integer.") from None
 
-    partition_id = number("partition-id")
-    if partition_id is None:
-        raise NodeError("node-config partition-id: missing; start the SuperNode with --node-config "
-                        "\"partition-id=<this node's client id> ...\".")
+    from .relay import partition_id_of
+
+    try:
+        partition_id = partition_id_of(node_config)
+    except ValueError as error:
+        raise NodeError(str(error)) from None
     data_path = node_config.get("data-path") or None
-    if data_path is not None and not os.path.exists(str(data_path)):
+    if check_data and data_path is not None and not os.path.exists(str(data_path)):
         raise NodeError(f"node {partition_id}: node-config data-path: {data_path} does not exist.")
     return {"partition_id": partition_id, "num_partitions": number("num-partitions"),
             "data_path": None if data_path is None else str(data_path),
@@ -65,8 +71,11 @@ def node_settings(node_config: dict[str, Any]) -> dict[str, Any]:
 
 def _node_experiment(run_config: dict[str, Any], node: dict[str, Any]):
     """The run's experiment as this node builds it (cached for the process)."""
-    key = (tuple(sorted((k, str(v)) for k, v in run_config.items())), tuple(sorted(node.items())))
+    # (the settings a node's training reads: not where the server writes, nor the deployment's own settings)
+    kept = {k: str(v) for k, v in run_config.items() if k not in _SERVER_ONLY and not k.startswith("flower_")}
+    key = (tuple(sorted(kept.items())), tuple(sorted(node.items())))
     if key in _EXPERIMENTS:
+        _EXPERIMENTS[key] = _EXPERIMENTS.pop(key)  # most recently used last
         return _EXPERIMENTS[key]
     from ..cli.experiment import build_node_experiment
     from ..data.catalog import DATASETS
@@ -88,6 +97,8 @@ def _node_experiment(run_config: dict[str, Any], node: dict[str, Any]):
     experiment = build_node_experiment(data_args, model_args, args, lora_args=lora_args,
                                        own_client=node["partition_id"] if data_path is not None else None)
     _EXPERIMENTS[key] = experiment
+    while len(_EXPERIMENTS) > _KEEP_EXPERIMENTS:
+        del _EXPERIMENTS[next(iter(_EXPERIMENTS))]
     return experiment
 
 
@@ -131,77 +142,3 @@ def train_message(config: dict[str, Any], payload, run_config: dict[str, Any], n
     states.keep(client_id, {state_round, keep_round, round_index + 1})
     update.state = {}  # stays here
     return {"update": pack(encode_updates([update], {})), "num_examples": update.num_samples}
-
-
-def _train_here_or_in_worker(msg, context) -> dict[str, Any]:
-    """The reply's parts (:func:`train_message`), trained by the node's warm worker (:mod:`.worker`) unless the node
-    says ``warm-worker=false``; the states kept in ``Context.state`` are passed both ways."""
-    import numpy as np
-    from flwr.app import ConfigRecord
-
-    from .node_state import RECORD_PREFIX
-
-    config = dict(msg.content["config"])
-    payload = msg.content["arrays"]["payload"].numpy()
-    run_config, node_config = dict(context.run_config), dict(context.node_config)
-    records = {k: {"bytes": bytes(v["bytes"]), "layout": str(v["layout"])} for k, v in context.state.items()
-               if k.startswith(RECORD_PREFIX)}
-    before = set(records)
-    if str(node_config.get("warm-worker", "true")).lower() in ("false", "0", "no"):
-        result = train_message(config, payload, run_config, node_config, records)
-    else:
-        from .worker import call_worker, socket_path
-
-        node_key = f"{node_config.get('state-dir') or ''}:{node_config.get('partition-id')}"
-        anchor = os.getppid()  # the SuperNode's process that started this ClientApp: the worker ends with it
-        header = {"config": config, "run_config": run_config, "node_config": node_config,
-                  "record_layouts": {k: v["layout"] for k, v in records.items()}}
-        reply, blobs = call_worker(socket_path(node_key, anchor), anchor, header,
-                                   [payload.tobytes(), *(records[k]["bytes"] for k in header["record_layouts"])])
-        if reply.get("log"):
-            print(reply["log"], end="", flush=True)  # the worker's lines for this message, in the node's log
-        if "error" in reply:
-            raise RuntimeError(f"the node's worker failed: {reply['error']}")
-        update, *states = blobs
-        records = {k: {"bytes": b, "layout": layout} for (k, layout), b in zip(reply["record_layouts"].items(), states)}
-        result = {k: v for k, v in reply.items() if k in ("failure", "num_examples")}
-        if "layout" in reply:
-            result["update"] = (np.frombuffer(update, dtype=np.uint8), reply["layout"])
-    for key in before - set(records):
-        del context.state[key]
-    for key, value in records.items():
-        context.state[key] = ConfigRecord(value)
-    return result
-
-
-def client_app():
-    """hf_fedflat's Flower ``ClientApp`` (the App's ``clientapp`` component)."""
-    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-    from flwr.clientapp import ClientApp
-
-    app = ClientApp()
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        result = _train_here_or_in_worker(msg, context)
-        if "failure" in result:
-            return Message(RecordDict({"config": ConfigRecord({"failure": result["failure"]})}), reply_to=msg)
-        array, layout = result["update"]
-        return Message(RecordDict({
-            "arrays": ArrayRecord({"update": Array(array)}),
-            "config": ConfigRecord({"layout": layout, "failure": ""}),
-            "metrics": MetricRecord({"num-examples": result["num_examples"]}),
-        }), reply_to=msg)
-
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        """Which client this node is (the server asks each node once, when it connects)."""
-        try:
-            settings = node_settings(dict(context.node_config))
-        except NodeError as error:
-            logger.error("%s", error)
-            return Message(RecordDict({"config": ConfigRecord({"failure": str(error)})}), reply_to=msg)
-        return Message(RecordDict({"config": ConfigRecord({"partition-id": settings["partition_id"]})}),
-                       reply_to=msg)
-
-    return app

@@ -23,8 +23,8 @@ from .packing import pack, unpack
 __all__ = ["RECORD_PREFIX", "NodeStates"]
 
 _FILE = re.compile(r"round-(\d+)\.safetensors")
-#: the key of a state in the records (``Context.state``)
-RECORD_PREFIX = "hf_fedflat.client_state."
+from .relay import RECORD_PREFIX
+
 _KEY = RECORD_PREFIX + "{client}.{round}"
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_server", "server_app"]
+__all__ = ["run_server", "serve", "server_app"]
 
 
 
@@ -48,28 +48,29 @@ def run_server(grid, run_config: dict[str, Any]):
     return output
 
 
+def serve(grid, context) -> None:
+    """The ServerApp's ``main``: :func:`run_server` on the App's settings, its outcome in one line (exit status 2 for
+    bad settings, 3 for a run that trained nothing, as ``hf-fedflat train``)."""
+    from ..cli.exit_codes import EXIT_BAD_INPUT, input_error_types
+    from ..federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per request to the SuperLink otherwise)
+    try:
+        output = run_server(grid, dict(context.run_config))
+    except TrainingFailedError as failed:
+        print(f"hf-fedflat ServerApp: training failed: {failed.reason}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_TRAINING_FAILED) from None
+    except input_error_types() as error:
+        print(f"hf-fedflat ServerApp: error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    print(f"hf-fedflat ServerApp: final model and model card: {output.final_model_dir}", flush=True)
+
+
 def server_app():
     """hf_fedflat's Flower ``ServerApp`` (the App's ``serverapp`` component)."""
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp import ServerApp
 
     app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        from ..cli.exit_codes import EXIT_BAD_INPUT, input_error_types
-        from ..federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
-
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # (a line per request to the SuperLink otherwise)
-        try:
-            output = run_server(grid, dict(context.run_config))
-        except TrainingFailedError as failed:
-            print(f"hf-fedflat ServerApp: training failed: {failed.reason}", file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_TRAINING_FAILED) from None
-        except input_error_types() as error:
-            print(f"hf-fedflat ServerApp: error: {error}", file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_BAD_INPUT) from None
-        print(f"hf-fedflat ServerApp: final model and model card: {output.final_model_dir}", flush=True)
-
+    app.main()(serve)
     return app

@@ -1,0 +1,182 @@
+"""hf_fedflat's Flower ``ClientApp``, light: it imports only the standard library, numpy and flwr.
+
+Flower starts a new ClientApp process for every message; importing torch and hf_fedflat there would cost seconds
+per node per round. This module is the ClientApp: it answers the server's ``query`` (which client this node is)
+itself and hands each ``train`` message to the node's warm worker (:mod:`.worker`, started by the first message),
+which trains the client with hf_fedflat (:func:`hf_fedflat.flower.node.train_message`), passing both ways the client
+states the ClientApp keeps in the run's ``Context.state``. With ``--node-config "warm-worker=false"`` the ClientApp
+trains in its own process instead.
+
+A Flower App loads it by its file (``hf-fedflat flower-app`` writes the two lines that do), so that importing it does
+not import the ``hf_fedflat`` package; ``hf_fedflat.flower.client_app`` is the same ClientApp for Python users.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["RECORD_PREFIX", "client_app", "partition_id_of", "process_alive", "receive_frame", "send_frames"]
+
+#: the keys of client states in ``Context.state`` (the states of a node without a state-dir)
+RECORD_PREFIX = "hf_fedflat.client_state."
+_LENGTH = struct.Struct("!Q")
+
+
+# -- the exchange with the worker: frames of an 8-byte length and that many bytes --------------------------------
+def send_frames(sock: socket.socket, *parts: bytes) -> None:
+    for part in parts:
+        sock.sendall(_LENGTH.pack(len(part)))
+        sock.sendall(part)
+
+
+def receive_frame(sock: socket.socket) -> bytes:
+    (size,) = _LENGTH.unpack(_exactly(sock, _LENGTH.size))
+    return _exactly(sock, size)
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the node's worker closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def socket_path(node_config: dict[str, Any], anchor_pid: int) -> str:
+    """The worker's socket for this node (short: Unix socket paths are limited to about 100 bytes)."""
+    key = f"{node_config.get('state-dir') or ''}:{node_config.get('partition-id')}:{anchor_pid}:{os.getuid()}"
+    name = f"hf_fedflat_node_{hashlib.sha256(key.encode()).hexdigest()[:16]}.sock"
+    path = os.path.join(tempfile.gettempdir(), name)
+    return path if len(path) < 100 else os.path.join("/tmp", name)
+
+
+def call_worker(path: str, anchor_pid: int, header: dict, blobs: list[bytes], start_timeout: float = 600.0):
+    """One request (a JSON header and binary parts) to the node's worker, started first when none answers; returns
+    ``(reply header, reply parts)``."""
+    deadline = time.monotonic() + start_timeout
+    started = None
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(path)
+                send_frames(sock, json.dumps({**header, "parts": len(blobs)}).encode(), *blobs)
+                reply = json.loads(receive_frame(sock))
+                return reply, [receive_frame(sock) for _ in range(reply.pop("parts"))]
+        except (FileNotFoundError, ConnectionRefusedError):
+            if started is None:
+                if os.path.exists(path):
+                    os.unlink(path)  # a dead worker's socket
+                with open(path + ".log", "ab") as log:  # (what the worker prints outside of a message)
+                    started = subprocess.Popen(
+                        [sys.executable, "-m", "hf_fedflat.flower.worker", "--socket", path, "--anchor-pid",
+                         str(anchor_pid)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            elif started.poll() is not None:
+                raise RuntimeError(f"the node's worker exited with status {started.returncode}; see {path}.log"
+                                   ) from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the node's worker did not answer on {path} within {start_timeout:g}s") from None
+            time.sleep(0.05)
+
+
+def partition_id_of(node_config: dict[str, Any]) -> int:
+    """The node's ``partition-id`` (its client id); ``ValueError`` with the one line to show when it is missing."""
+    value = node_config.get("partition-id")
+    if value is None or value == "":
+        raise ValueError("node-config partition-id: missing; start the SuperNode with --node-config "
+                         "\"partition-id=<this node's client id> ...\".")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"node-config partition-id: {value!r} is not an integer.") from None
+
+
+def _train(msg, context) -> dict[str, Any]:
+    """The reply's parts (``hf_fedflat.flower.node.train_message``), trained by the node's worker unless the node
+    says ``warm-worker=false``; the states kept in ``Context.state`` pass both ways."""
+    import numpy as np
+    from flwr.app import ConfigRecord
+
+    config = dict(msg.content["config"])
+    payload = msg.content["arrays"]["payload"].numpy()
+    run_config, node_config = dict(context.run_config), dict(context.node_config)
+    records = {k: {"bytes": bytes(v["bytes"]), "layout": str(v["layout"])} for k, v in context.state.items()
+               if k.startswith(RECORD_PREFIX)}
+    before = set(records)
+    if str(node_config.get("warm-worker", "true")).lower() in ("false", "0", "no"):
+        from hf_fedflat.flower.node import train_message
+
+        result = train_message(config, payload, run_config, node_config, records)
+    else:
+        anchor = os.getppid()  # the SuperNode's process that started this ClientApp: the worker ends with it
+        header = {"config": config, "run_config": run_config, "node_config": node_config,
+                  "record_layouts": {k: v["layout"] for k, v in records.items()}}
+        reply, blobs = call_worker(socket_path(node_config, anchor), anchor, header,
+                                   [payload.tobytes(), *(records[k]["bytes"] for k in header["record_layouts"])])
+        if reply.get("log"):
+            print(reply["log"], end="", flush=True)  # the worker's lines for this message, in the node's log
+        if "error" in reply:
+            raise RuntimeError(f"the node's worker failed: {reply['error']}")
+        update, *states = blobs
+        records = {k: {"bytes": b, "layout": layout} for (k, layout), b in zip(reply["record_layouts"].items(), states)}
+        result = {k: v for k, v in reply.items() if k in ("failure", "num_examples")}
+        if "layout" in reply:
+            result["update"] = (np.frombuffer(update, dtype=np.uint8), reply["layout"])
+    for key in before - set(records):
+        del context.state[key]
+    for key, value in records.items():
+        context.state[key] = ConfigRecord(value)
+    return result
+
+
+def client_app():
+    """hf_fedflat's Flower ``ClientApp`` (the App's ``clientapp`` component)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        result = _train(msg, context)
+        if "failure" in result:
+            return Message(RecordDict({"config": ConfigRecord({"failure": result["failure"]})}), reply_to=msg)
+        array, layout = result["update"]
+        return Message(RecordDict({
+            "arrays": ArrayRecord({"update": Array(array)}),
+            "config": ConfigRecord({"layout": layout, "failure": ""}),
+            "metrics": MetricRecord({"num-examples": result["num_examples"]}),
+        }), reply_to=msg)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        """Which client this node is (the server asks each node once, when it connects)."""
+        try:
+            config = {"partition-id": partition_id_of(dict(context.node_config))}
+        except ValueError as error:
+            print(error, file=sys.stderr, flush=True)
+            config = {"failure": str(error)}
+        return Message(RecordDict({"config": ConfigRecord(config)}), reply_to=msg)
+
+    return app

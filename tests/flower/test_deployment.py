@@ -1,0 +1,152 @@
+"""Real deployments: a ``flower-superlink`` and ``flower-supernode`` processes on 127.0.0.1 (free ports), the App
+written by ``hf-fedflat flower-app`` run with ``flwr run``; every process stopped at the end, also on failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers.flower import RUN_CONFIG, final_weights, max_difference, run_in_process, train_builtin, write_config
+
+pytest.importorskip("flwr")
+
+from hf_fedflat.flower.local import LocalFederation  # noqa: E402
+
+RUN_TIMEOUT = 300  # seconds for one flwr run of a few rounds (a run takes 20-60 s on a loaded 2-core VM)
+
+
+def write_app(folder, **changes) -> str:
+    config = write_config(folder, **changes)
+    app = os.path.join(folder, "app")
+    done = subprocess.run([sys.executable, "-m", "hf_fedflat.cli", "flower-app", "--config", config, "--output", app],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return app
+
+
+def history(output_dir) -> list[dict]:
+    with open(os.path.join(output_dir, "history.json")) as f:
+        return json.load(f)
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rounds_recorded(output_dir) -> int:
+    try:
+        return len(history(output_dir))
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    """Three SuperNodes (partition-id 0, 1, 2) shared by the equality runs."""
+    lines = []
+    with LocalFederation(3, folder=tmp_path_factory.mktemp("federation"), output=lines.append) as running:
+        running.lines = lines
+        yield running
+        processes = running
+    _assert_all_stopped(processes)
+
+
+def _assert_all_stopped(federation):
+    wait_for(lambda: not federation.processes(), 15, "every process of the federation to end")
+
+
+@pytest.mark.parametrize("clients_per_round", [3, 2], ids=["all_clients", "two_of_three"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedlesam_d", "fedgam_cv", "fedavg+fedgh", "fedgloss"])
+def test_deployment_gives_the_builtin_model(federation, tmp_path, algorithm, clients_per_round):
+    changes = {"fed_algorithm": algorithm, "clients_per_round": clients_per_round}
+    builtin = train_builtin(tmp_path / "builtin_run", **changes)
+    output = str(tmp_path / "deployed")
+    app = write_app(tmp_path, output_dir=output, **changes)
+    assert federation.run(app, timeout=RUN_TIMEOUT) == 0, "".join(federation.lines[-40:])
+    assert max_difference(final_weights(builtin), final_weights(output)) == 0.0
+    records = history(output)
+    assert [r["clients"] for r in records] == [r["clients"] for r in history(builtin)]
+    with open(os.path.join(output, "run_status.json")) as f:
+        assert json.load(f)["status"] == "completed"
+    assert os.path.isfile(os.path.join(output, "final_model", "README.md"))  # the model card
+    assert not os.path.exists(os.path.join(output, "client_states"))  # the states stayed on the nodes
+
+
+def test_killed_node_is_left_out_and_rejoins_with_its_state(tmp_path):
+    """SCAFFOLD (a client state c_i on each node), 4 rounds: node 2 is SIGKILLed as soon as round 1 is recorded
+    (before it can answer round 2), restarted with the same state-dir once round 2 is recorded; round 2 aggregates
+    clients 0 and 1 and records why client 2 is missing, and the run ends with the model of the same rounds in which
+    client 2's round-2 reply never came (computed in process)."""
+    output = str(tmp_path / "deployed")
+    changes = {"fed_algorithm": "scaffold", "num_rounds": 4}
+    app = write_app(tmp_path, output_dir=output, flower_reply_timeout=20.0, **changes)
+    lines = []
+    with LocalFederation(3, folder=tmp_path / "federation", state_dirs=True, output=lines.append) as federation:
+        run = federation.submit(app)
+        wait_for(lambda: rounds_recorded(output) >= 1 or run.poll() is not None, RUN_TIMEOUT, "round 1")
+        federation.kill_node(2)
+        wait_for(lambda: rounds_recorded(output) >= 2 or run.poll() is not None, RUN_TIMEOUT, "round 2")
+        federation.start_node(2)
+        assert federation.follow(run, timeout=RUN_TIMEOUT) == 0, "".join(lines[-40:])
+    _assert_all_stopped(federation)
+    records = history(output)
+    assert [r["clients"] for r in records] == [[0, 1, 2], [0, 1], [0, 1, 2], [0, 1, 2]]
+    (failed,) = records[1]["failed_clients"]
+    assert failed["client"] == 2 and ("no reply" in failed["reason"] or "no SuperNode" in failed["reason"])
+    # node 2 kept c_2 of round 1 through its restart, and trained from it in round 3
+    expected, _ = run_in_process(tmp_path / "in_process", {"absent": lambda round_index, client: (round_index, client) == (1, 2)},
+                                 **changes)
+    assert max_difference(final_weights(expected), final_weights(output)) == 0.0
+
+
+def test_server_restart_resumes_from_the_last_checkpoint(tmp_path):
+    """The ServerApp's process is SIGKILLed after round 2's checkpoint; `flwr run` again with
+    resume_from_checkpoint='latest' continues from it, the nodes' states (state-dir) included: the final model is the
+    uninterrupted run's."""
+    changes = {"fed_algorithm": "scaffold", "num_rounds": 4}
+    builtin = train_builtin(tmp_path / "builtin_run", **changes)
+    output = str(tmp_path / "deployed")
+    app = write_app(tmp_path, output_dir=output, **changes)
+    lines = []
+    with LocalFederation(3, folder=tmp_path / "federation", state_dirs=True, output=lines.append) as federation:
+        run = federation.submit(app)
+        checkpoint = os.path.join(output, "checkpoints", "round-2")
+        wait_for(lambda: os.path.isdir(checkpoint) or run.poll() is not None, RUN_TIMEOUT, "round 2's checkpoint")
+        for pid in federation.server_app_processes():
+            os.kill(pid, 9)
+        federation.follow(run, timeout=60)
+        assert rounds_recorded(output) < 4
+        assert federation.run(app, {"resume_from_checkpoint": "latest"}, timeout=RUN_TIMEOUT) == 0, \
+            "".join(lines[-40:])
+    _assert_all_stopped(federation)
+    assert max_difference(final_weights(builtin), final_weights(output)) == 0.0
+    assert [r["round"] for r in history(output)] == [1, 2, 3, 4]
+
+
+def test_node_that_cannot_load_its_data_fails_in_one_line(tmp_path):
+    """Node 1's data-path does not exist: the node says so in one line naming itself and the field, its client is
+    left out of every round with that reason, the others train."""
+    output = str(tmp_path / "deployed")
+    app = write_app(tmp_path, output_dir=output)
+    missing = str(tmp_path / "no_such_folder")
+    lines = []
+    with LocalFederation(3, folder=tmp_path / "federation", output=lines.append,
+                         node_config=lambda i: {"data-path": missing} if i == 1 else {}) as federation:
+        assert federation.run(app, timeout=RUN_TIMEOUT) == 0, "".join(lines[-40:])
+        node_log = federation.log("supernode-1")
+    expected = f"node 1: node-config data-path: {missing} does not exist."
+    for record in history(output):
+        assert record["clients"] == [0, 2]
+        assert record["failed_clients"] == [{"client": 1, "reason": expected}]
+    assert expected in node_log
