@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
-from helpers.flower import RUN_CONFIG, final_weights, max_difference, run_in_process, train_builtin, write_config
+from helpers.flower import final_weights, max_difference, run_in_process, train_builtin, write_config
 
 pytest.importorskip("flwr")
 
@@ -21,11 +19,11 @@ RUN_TIMEOUT = 300  # seconds for one flwr run of a few rounds (a run takes 20-60
 
 
 def write_app(folder, **changes) -> str:
-    config = write_config(folder, **changes)
+    """``hf-fedflat flower-app`` of the settings (in this process)."""
+    from hf_fedflat.cli.commands import flower_app_main
+
     app = os.path.join(folder, "app")
-    done = subprocess.run([sys.executable, "-m", "hf_fedflat.cli", "flower-app", "--config", config, "--output", app],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert flower_app_main(["--config", write_config(folder, **changes), "--output", app]) == 0
     return app
 
 
@@ -66,23 +64,38 @@ def _assert_all_stopped(federation):
     wait_for(lambda: not federation.processes(), 15, "every process of the federation to end")
 
 
-@pytest.mark.parametrize("clients_per_round", [3, 2], ids=["all_clients", "two_of_three"])
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedlesam_d", "fedgam_cv", "fedavg+fedgh", "fedgloss"])
-def test_deployment_gives_the_builtin_model(federation, tmp_path, algorithm, clients_per_round):
-    changes = {"fed_algorithm": algorithm, "clients_per_round": clients_per_round}
-    builtin = train_builtin(tmp_path / "builtin_run", **changes)
-    output = str(tmp_path / "deployed")
-    app = write_app(tmp_path, output_dir=output, **changes)
-    assert federation.run(app, timeout=RUN_TIMEOUT) == 0, "".join(federation.lines[-40:])
-    assert max_difference(final_weights(builtin), final_weights(output)) == 0.0
-    records = history(output)
-    assert [r["clients"] for r in records] == [r["clients"] for r in history(builtin)]
-    with open(os.path.join(output, "run_status.json")) as f:
-        assert json.load(f)["status"] == "completed"
-    assert os.path.isfile(os.path.join(output, "final_model", "README.md"))  # the model card
-    assert not os.path.exists(os.path.join(output, "client_states"))  # the states stayed on the nodes
+EQUALITY_RUNS = [(algorithm, clients_per_round) for algorithm in
+                 ("fedavg", "scaffold", "fedlesam_d", "fedgam_cv", "fedavg+fedgh", "fedgloss") for clients_per_round in (3, 2)]
 
 
+@pytest.mark.timeout(1800)
+def test_deployments_give_the_builtin_model(federation, tmp_path):
+    """Each preset, with every client each round and with 2 of 3 sampled, deployed on the three SuperNodes (three
+    runs at a time): the final weights are those of hf-fedflat train, bit for bit, and so are the sampled clients."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = {}
+    for algorithm, clients_per_round in EQUALITY_RUNS:
+        folder = tmp_path / f"{algorithm.replace('+', '_')}_{clients_per_round}"
+        changes = {"fed_algorithm": algorithm, "clients_per_round": clients_per_round}
+        output = str(folder / "deployed")
+        cases[algorithm, clients_per_round] = folder, changes, output, write_app(folder, output_dir=output, **changes)
+    with ThreadPoolExecutor(3) as pool:  # (the threads only wait on flwr run's processes)
+        statuses = list(pool.map(lambda case: federation.run(case[3], timeout=RUN_TIMEOUT), cases.values()))
+    for (case, (folder, changes, output, _)), status in zip(cases.items(), statuses):
+        assert status == 0, f"{case}: flwr run exited {status}\n" + "".join(federation.lines[-60:])
+        builtin = train_builtin(folder / "builtin_run", **changes)
+        assert max_difference(final_weights(builtin), final_weights(output)) == 0.0, case
+        records = history(output)
+        assert [r["clients"] for r in records] == [r["clients"] for r in history(builtin)], case
+        with open(os.path.join(output, "run_status.json")) as f:
+            assert json.load(f)["status"] == "completed"
+        assert os.path.isfile(os.path.join(output, "final_model", "README.md"))  # the model card
+        assert not os.path.exists(os.path.join(output, "client_states"))  # the states stayed on the nodes
+        assert all(set(r["node_bytes"]) == {str(c) for c in r["clients"]} for r in records)
+
+
+@pytest.mark.timeout(900)
 def test_killed_node_is_left_out_and_rejoins_with_its_state(tmp_path):
     """SCAFFOLD (a client state c_i on each node), 4 rounds: node 2 is SIGKILLed as soon as round 1 is recorded
     (before it can answer round 2), restarted with the same state-dir once round 2 is recorded; round 2 aggregates
@@ -110,6 +123,7 @@ def test_killed_node_is_left_out_and_rejoins_with_its_state(tmp_path):
     assert max_difference(final_weights(expected), final_weights(output)) == 0.0
 
 
+@pytest.mark.timeout(900)
 def test_server_restart_resumes_from_the_last_checkpoint(tmp_path):
     """The ServerApp's process is SIGKILLed after round 2's checkpoint; `flwr run` again with
     resume_from_checkpoint='latest' continues from it, the nodes' states (state-dir) included: the final model is the

@@ -20,6 +20,7 @@ RUN_CONFIG: dict[str, Any] = {
 
 
 def write_config(folder, **changes) -> str:
+    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "run.yaml")
     with open(path, "w") as f:
         yaml.safe_dump({**RUN_CONFIG, **changes}, f)
@@ -61,7 +62,11 @@ class InProcessGrid:
         from flwr.supercore.task_identity import TaskIdentity
 
         from hf_fedflat.flower import client_app
+        from hf_fedflat.flower import node
 
+        # The nodes' experiments are built first, then the server's: accelerate keeps one state per process, which a
+        # new TrainingArguments resets and the last Trainer built sets up again (in a deployment each is a process).
+        node._EXPERIMENTS.clear()
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # (Message needs a task identity)
         self.app = client_app()
         self.contexts = {}
@@ -70,6 +75,10 @@ class InProcessGrid:
                         **(node_config(i) if node_config else {})}
             self.contexts[1000 + i] = Context(run_id=1, node_id=1000 + i, node_config=settings, state=RecordDict(),
                                               run_config=dict(run_config))
+            try:
+                node._node_experiment(dict(run_config), node.node_settings(settings))
+            except Exception:  # (a node whose settings are wrong answers its messages with the reason)
+                pass
         self.absent, self.tamper = absent, tamper
         self.sent: list[tuple[int, str]] = []  # (node id, message type)
 
@@ -101,8 +110,8 @@ def run_in_process(folder, grid_options: dict | None = None, **changes):
     from hf_fedflat.flower.settings import app_settings
 
     output = os.path.join(folder, "flower")
+    num_nodes = changes.pop("_nodes", changes.get("num_clients", RUN_CONFIG["num_clients"]))
     config = app_settings({**RUN_CONFIG, "output_dir": output, **changes})
-    grid = InProcessGrid(config, RUN_CONFIG["num_clients"] if "num_clients" not in changes else changes["num_clients"],
-                         **(grid_options or {}))
+    grid = InProcessGrid(config, num_nodes, **(grid_options or {}))
     run_server(grid, {**config, "flower_reply_timeout": 5.0, "flower_connect_timeout": 0.0})
     return output, grid
