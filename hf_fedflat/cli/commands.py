@@ -227,15 +227,36 @@ def flower_app_main(argv: Sequence[str]) -> int:
     parser.add_argument("--config", required=True, help="the run's YAML/JSON configuration (as hf-fedflat train)")
     parser.add_argument("--output", required=True, help="the App folder to write")
     parser.add_argument("--name", default=None, help="the App's name (default: the folder's name)")
+    from ..flower.settings import DEPLOYMENT_DEFAULTS
+
+    for name, default in DEPLOYMENT_DEFAULTS.items():
+        parser.add_argument(f"--{name}", type=float, default=None,
+                            help=f"(also a key of the config file; default {default:g}) " + {
+                                "flower_reply_timeout": "seconds the ServerApp waits for a round's replies",
+                                "flower_connect_timeout": "seconds the ServerApp waits, before round 1, for a node of "
+                                                          "every client"}[name])
     known, rest = parser.parse_known_args(argv)
     try:
         from ..flower import require_flower
 
         require_flower()
         values = read_config_file(known.config)
+        deployment = {k: values.pop(k) for k in DEPLOYMENT_DEFAULTS if k in values}
+        deployment.update({k: getattr(known, k) for k in DEPLOYMENT_DEFAULTS if getattr(known, k) is not None})
+        for key, value in deployment.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{key}: {value!r}; give a number of seconds >= 0.")
         _, flags = split_config(rest)
         # the configuration is checked now, as hf-fedflat train checks it (nothing loads or trains here)
-        checked = parse_train_args(["--config", known.config, *flags])
+        import tempfile
+
+        import yaml
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, os.path.basename(known.config) + ".yaml")
+            with open(path, "w") as f:
+                yaml.safe_dump(values, f)
+            checked = parse_train_args(["--config", path, *flags])
         given = {a[2:].split("=", 1)[0] for a in flags if a.startswith("--")}
         for name in given:
             values[name] = _field_value(checked, name)
@@ -246,6 +267,7 @@ def flower_app_main(argv: Sequence[str]) -> int:
                               "neighbours, there is no server); a Flower deployment runs the server algorithms.")
         from ..flower import write_flower_app
 
+        values.update(deployment)
         folder = write_flower_app(values, known.output, name=known.name,
                                   base_dir=os.path.dirname(os.path.abspath(known.config)))
     except RuntimeError as error:
