@@ -4,8 +4,8 @@ Flower starts a new ClientApp process for every message; importing torch and hf_
 per node per round. This module is the ClientApp: it answers the server's ``query`` (which client this node is)
 itself and hands each ``train`` message to the node's warm worker (:mod:`.worker`, started by the first message),
 which trains the client with hf_fedflat (:func:`hf_fedflat.flower.node.train_message`), passing both ways the client
-states the ClientApp keeps in the run's ``Context.state``. With ``--node-config "warm-worker=false"`` the ClientApp
-trains in its own process instead.
+states the ClientApp keeps in the run's ``Context.state``. With ``--node-config "warm-worker=false"`` each message gets
+a worker of its own, which exits after it (the same result, slower).
 
 A Flower App loads it by its file (``hf-fedflat flower-app`` writes the two lines that do), so that importing it does
 not import the ``hf_fedflat`` package; ``hf_fedflat.flower.client_app`` is the same ClientApp for Python users.
@@ -64,17 +64,18 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def socket_path(node_config: dict[str, Any], anchor_pid: int) -> str:
+def socket_path(node_config: dict[str, Any], anchor_pid: int, extra: str = "") -> str:
     """The worker's socket for this node (short: Unix socket paths are limited to about 100 bytes)."""
-    key = f"{node_config.get('state-dir') or ''}:{node_config.get('partition-id')}:{anchor_pid}:{os.getuid()}"
+    key = f"{node_config.get('state-dir') or ''}:{node_config.get('partition-id')}:{anchor_pid}:{os.getuid()}:{extra}"
     name = f"hf_fedflat_node_{hashlib.sha256(key.encode()).hexdigest()[:16]}.sock"
     path = os.path.join(tempfile.gettempdir(), name)
     return path if len(path) < 100 else os.path.join("/tmp", name)
 
 
-def call_worker(path: str, anchor_pid: int, header: dict, blobs: list[bytes], start_timeout: float = 600.0):
-    """One request (a JSON header and binary parts) to the node's worker, started first when none answers; returns
-    ``(reply header, reply parts)``."""
+def call_worker(path: str, anchor_pid: int, header: dict, blobs: list[bytes], start_timeout: float = 600.0,
+                once: bool = False):
+    """One request (a JSON header and binary parts) to the node's worker, started first when none answers (``once``:
+    a worker that exits after this request); returns ``(reply header, reply parts)``."""
     deadline = time.monotonic() + start_timeout
     started = None
     while True:
@@ -91,7 +92,8 @@ def call_worker(path: str, anchor_pid: int, header: dict, blobs: list[bytes], st
                 with open(path + ".log", "ab") as log:  # (what the worker prints outside of a message)
                     started = subprocess.Popen(
                         [sys.executable, "-m", "hf_fedflat.flower.worker", "--socket", path, "--anchor-pid",
-                         str(anchor_pid)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                         str(anchor_pid), *(["--once"] if once else [])], stdout=log, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL)
             elif started.poll() is not None:
                 raise RuntimeError(f"the node's worker exited with status {started.returncode}; see {path}.log"
                                    ) from None
@@ -112,9 +114,10 @@ def partition_id_of(node_config: dict[str, Any]) -> int:
         raise ValueError(f"node-config partition-id: {value!r} is not an integer.") from None
 
 
-def _train(msg, context) -> dict[str, Any]:
-    """The reply's parts (``hf_fedflat.flower.node.train_message``), trained by the node's worker unless the node
-    says ``warm-worker=false``; the states kept in ``Context.state`` pass both ways."""
+def _train(msg, context, train=None) -> dict[str, Any]:
+    """The reply's parts (``hf_fedflat.flower.node.train_message``): trained by ``train`` in this process when given,
+    else by the node's warm worker (``warm-worker=false``: by a worker started for this message alone); the states
+    kept in ``Context.state`` pass both ways."""
     import numpy as np
     from flwr.app import ConfigRecord
 
@@ -124,16 +127,17 @@ def _train(msg, context) -> dict[str, Any]:
     records = {k: {"bytes": bytes(v["bytes"]), "layout": str(v["layout"])} for k, v in context.state.items()
                if k.startswith(RECORD_PREFIX)}
     before = set(records)
-    if str(node_config.get("warm-worker", "true")).lower() in ("false", "0", "no"):
-        from hf_fedflat.flower.node import train_message
-
-        result = train_message(config, payload, run_config, node_config, records)
+    if train is not None:
+        result = train(config, payload, run_config, node_config, records)
     else:
         anchor = os.getppid()  # the SuperNode's process that started this ClientApp: the worker ends with it
+        once = str(node_config.get("warm-worker", "true")).lower() in ("false", "0", "no")
+        path = socket_path(node_config, anchor, f"{os.getpid()}" if once else "")
         header = {"config": config, "run_config": run_config, "node_config": node_config,
                   "record_layouts": {k: v["layout"] for k, v in records.items()}}
-        reply, blobs = call_worker(socket_path(node_config, anchor), anchor, header,
-                                   [payload.tobytes(), *(records[k]["bytes"] for k in header["record_layouts"])])
+        reply, blobs = call_worker(path, anchor, header,
+                                   [payload.tobytes(), *(records[k]["bytes"] for k in header["record_layouts"])],
+                                   once=once)
         if reply.get("log"):
             print(reply["log"], end="", flush=True)  # the worker's lines for this message, in the node's log
         if "error" in reply:
@@ -150,8 +154,9 @@ def _train(msg, context) -> dict[str, Any]:
     return result
 
 
-def client_app():
-    """hf_fedflat's Flower ``ClientApp`` (the App's ``clientapp`` component)."""
+def client_app(train_here=None):
+    """hf_fedflat's Flower ``ClientApp`` (the App's ``clientapp`` component). ``train_here``: train each message in
+    this process with this function (``hf_fedflat.flower.node.train_message``) instead of the node's worker."""
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
@@ -159,7 +164,7 @@ def client_app():
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        result = _train(msg, context)
+        result = _train(msg, context, train_here)
         if "failure" in result:
             return Message(RecordDict({"config": ConfigRecord({"failure": result["failure"]})}), reply_to=msg)
         array, layout = result["update"]

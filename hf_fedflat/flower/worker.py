@@ -8,8 +8,8 @@ reached over a Unix socket; it keeps the built experiment, trains the client (:f
 answers. Nothing leaves the node: the worker runs beside the SuperNode, under the same user, and the client states it
 reads and writes are the node's (its ``state-dir`` files, or the records the ClientApp holds in ``Context.state`` and
 passes both ways). The worker exits when its SuperNode does (it watches the SuperNode's process) and belongs to the
-SuperNode's process group. ``--node-config "warm-worker=false"`` trains inside each ClientApp process instead (the
-same result, slower).
+SuperNode's process group. With ``--node-config "warm-worker=false"`` each message gets a worker of its own that
+exits after it (the same result, slower).
 
 The exchange on the socket is :mod:`.relay`'s: a JSON header and binary parts (the payload, the update, the states).
 """
@@ -27,7 +27,7 @@ from .relay import process_alive, receive_frame, send_frames
 
 __all__ = ["main", "serve"]
 
-def serve(path: str, anchor_pid: int) -> None:
+def serve(path: str, anchor_pid: int, once: bool = False) -> None:
     from .node import train_message
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -46,6 +46,8 @@ def serve(path: str, anchor_pid: int) -> None:
                 blobs = [receive_frame(connection) for _ in range(header.pop("parts"))]
                 reply, parts = _handle(train_message, header, blobs)
                 send_frames(connection, json.dumps({**reply, "parts": len(parts)}).encode(), *parts)
+            if once:
+                break
     finally:
         server.close()
         if os.path.exists(path):
@@ -86,6 +88,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--socket", required=True)
     parser.add_argument("--anchor-pid", type=int, required=True, help="exit when this process (the SuperNode) ends")
+    parser.add_argument("--once", action="store_true", help="exit after one message")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import signal
@@ -94,7 +97,7 @@ def main(argv=None) -> None:
         raise SystemExit(0)  # (the socket file is removed on the way out)
 
     signal.signal(signal.SIGTERM, stop)
-    serve(args.socket, args.anchor_pid)
+    serve(args.socket, args.anchor_pid, args.once)
 
 
 if __name__ == "__main__":

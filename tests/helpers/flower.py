@@ -68,10 +68,10 @@ class InProcessGrid:
         # new TrainingArguments resets and the last Trainer built sets up again (in a deployment each is a process).
         node._EXPERIMENTS.clear()
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # (Message needs a task identity)
-        self.app = client_app()
+        self.app = client_app(train_here=node.train_message)  # (a deployment's ClientApp hands them to the node's worker)
         self.contexts = {}
         for i in range(num_nodes):
-            settings = {"partition-id": i, "num-partitions": num_nodes, "warm-worker": "false",
+            settings = {"partition-id": i, "num-partitions": num_nodes,
                         **(node_config(i) if node_config else {})}
             self.contexts[1000 + i] = Context(run_id=1, node_id=1000 + i, node_config=settings, state=RecordDict(),
                                               run_config=dict(run_config))
