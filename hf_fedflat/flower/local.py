@@ -77,7 +77,7 @@ class LocalFederation:
         self.superlink: subprocess.Popen | None = None
         self.nodes: dict[int, subprocess.Popen] = {}
         self.port: int | None = None
-        self._stopped_groups: list[int] = []  # the groups of processes stopped, to check they are gone
+        self._stopped: list[int] = []  # processes stopped, whose descendants must be gone too
         self.home = self.folder / "flwr_home"
         # TMPDIR: what the nodes write without a state-dir (working files, the warm workers' sockets) stays in folder
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -126,7 +126,7 @@ class LocalFederation:
 
     def kill_node(self, partition_id: int) -> None:
         """SIGKILL the SuperNode of ``partition_id`` and the ClientApp it runs (a machine that went away)."""
-        self._stopped_groups.append(_stop_group(self.nodes.pop(partition_id), signal.SIGKILL, 0))
+        self._stop(self.nodes.pop(partition_id), signal.SIGKILL, 0)
 
     # -- a run ------------------------------------------------------------------------------------------
     def submit(self, app: str | os.PathLike, run_config: dict[str, Any] | None = None) -> subprocess.Popen:
@@ -172,27 +172,39 @@ class LocalFederation:
 
     def server_app_processes(self) -> list[int]:
         """The pids of the ``flwr-serverapp`` processes the SuperLink runs."""
-        found = subprocess.run(["pgrep", "-g", str(self.superlink.pid), "-f", "flwr-serverapp"], capture_output=True,
-                               text=True).stdout.split()
-        return [int(pid) for pid in found]
+        return [pid for pid in _descendants([self.superlink.pid]) if "flwr-serverapp" in _command_line(pid)]
 
     def processes(self) -> list[int]:
-        """Every process still running in this federation's process groups."""
-        groups = [p.pid for p in [self.superlink, *self.nodes.values()] if p is not None] + self._stopped_groups
-        found = []
-        for group in groups:
-            found += subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True).stdout.split()
-        return [int(pid) for pid in found]
+        """Every process this federation started that still runs: the SuperLink, the SuperNodes and what they started
+        (the ServerApp, the ClientApps, the nodes' workers), whichever process group they are in."""
+        roots = [p.pid for p in [self.superlink, *self.nodes.values()] if p is not None] + self._stopped
+        return sorted(set(_descendants(roots, include_roots=True)) | set(self._workers()))
+
+    def _workers(self) -> list[int]:
+        """The nodes' warm workers (re-parented to init once the ClientApp that started them exits; their sockets are
+        in this federation's TMPDIR)."""
+        return [int(name) for name in os.listdir("/proc") if name.isdigit() and _running(int(name))
+                and "hf_fedflat.flower.worker" in (line := _command_line(int(name))) and str(self.folder) in line]
 
     def stop(self) -> None:
         """Stop every process this federation started (SuperNodes first), with their children."""
         for partition_id in list(self.nodes):
-            self._stopped_groups.append(_stop_group(self.nodes.pop(partition_id), signal.SIGTERM, 5))
+            self._stop(self.nodes.pop(partition_id), signal.SIGTERM, 5)
         if self.superlink is not None:
-            self._stopped_groups.append(_stop_group(self.superlink, signal.SIGTERM, 5))
+            self._stop(self.superlink, signal.SIGTERM, 5)
             self.superlink = None
+        for pid in self._workers():  # (they end with their SuperNode within seconds; not left to do so)
+            _signal(pid, signal.SIGKILL)
         if self._temporary:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _stop(self, process: subprocess.Popen, sig: int, grace: float) -> None:
+        """Stop ``process``, its process group and every descendant (Flower starts some in sessions of their own)."""
+        family = set(_descendants([process.pid]))
+        _stop_group(process, sig, grace)
+        for pid in family:
+            _signal(pid, signal.SIGKILL)
+        self._stopped.append(process.pid)
 
     def log(self, name: str) -> str:
         """A process's log: ``superlink`` or ``supernode-<i>``."""
@@ -212,6 +224,65 @@ def _toml(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     return "'" + str(value).replace("'", "") + "'"
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, parent pid, start time)`` of a process (Linux ``/proc``), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"  # (a zombie has ended)
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# root pid -> {(pid, start time)} of the descendants seen: a process re-parented to init when its parent ended (a
+# node's worker, once its ClientApp exits) is still the root's; the start time tells it from a later process that
+# reuses its pid
+_FAMILY: dict[int, set[tuple[int, int]]] = {}
+
+
+def _descendants(roots: list[int], include_roots: bool = False) -> list[int]:
+    """The processes descending from ``roots``, now or when last looked at, that still run."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None:
+                children.setdefault(stat[1], []).append((int(name), stat[2]))
+    found: set[int] = set()
+    for root in roots:
+        family = _FAMILY.setdefault(root, set())
+        stack = [root]
+        while stack:
+            for child in children.get(stack.pop(), []):
+                if child not in family:
+                    family.add(child)
+                    stack.append(child[0])
+        alive = {(pid, start) for pid, start in family if (_stat(pid) or (None, None, None))[2] == start}
+        family &= alive
+        found |= {pid for pid, _ in alive} | ({root} if include_roots else set())
+    return sorted(found)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _stop_group(process: subprocess.Popen, sig: int, grace: float) -> int:

@@ -103,7 +103,8 @@ def test_killed_node_is_left_out_and_rejoins_with_its_state(tmp_path):
     client 2's round-2 reply never came (computed in process)."""
     output = str(tmp_path / "deployed")
     changes = {"fed_algorithm": "scaffold", "num_rounds": 4}
-    app = write_app(tmp_path, output_dir=output, flower_reply_timeout=20.0, **changes)
+    # (the first round's replies wait for each node's worker to start: minutes on a loaded 2-core machine)
+    app = write_app(tmp_path, output_dir=output, flower_reply_timeout=240.0, **changes)
     lines = []
     with LocalFederation(3, folder=tmp_path / "federation", state_dirs=True, output=lines.append) as federation:
         run = federation.submit(app)
@@ -116,7 +117,9 @@ def test_killed_node_is_left_out_and_rejoins_with_its_state(tmp_path):
     records = history(output)
     assert [r["clients"] for r in records] == [[0, 1, 2], [0, 1], [0, 1, 2], [0, 1, 2]]
     (failed,) = records[1]["failed_clients"]
-    assert failed["client"] == 2 and ("no reply" in failed["reason"] or "no SuperNode" in failed["reason"])
+    # Flower's SuperLink answers for a node that stopped sending heartbeats (2 x 30 s); or the wait ends first
+    assert failed["client"] == 2 and any(reason in failed["reason"] for reason in (
+        "Node Unavailable", "no reply from its SuperNode", "no SuperNode with partition-id=2")), failed["reason"]
     # node 2 kept c_2 of round 1 through its restart, and trained from it in round 3
     expected, _ = run_in_process(tmp_path / "in_process", {"absent": lambda round_index, client: (round_index, client) == (1, 2)},
                                  **changes)
