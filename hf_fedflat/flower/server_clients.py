@@ -135,7 +135,9 @@ class FlowerClients:
             }), dst_node_id=node_id, message_type=MessageType.TRAIN))
         waiting = {m.metadata.dst_node_id: self.client_of[m.metadata.dst_node_id] for m in messages}
         node_bytes = {str(client): [int(array.nbytes), 0] for client in waiting.values()}
+        sent_at = time.monotonic()
         replies = list(self.grid.send_and_receive(messages, timeout=self.reply_timeout)) if messages else []
+        waited = time.monotonic() - sent_at
         updates = []
         for reply in replies:  # one message per node: its reply is its client's
             client = waiting.pop(reply.metadata.src_node_id, None)
@@ -149,7 +151,9 @@ class FlowerClients:
                 updates.append(update)
         for node_id, client in waiting.items():
             failures[client] = (f"no reply from its SuperNode (node {node_id}) within {self.reply_timeout:g}s: the "
-                                "node left or is too slow")
+                                "node left or is too slow" if waited >= self.reply_timeout else
+                                f"no reply from its SuperNode (node {node_id}): the SuperLink dropped the message "
+                                f"after {waited:.0f}s (the node left the federation)")
         updates.sort(key=lambda u: u.client_id)  # the order of the built-in loop's gather
         transport = {"node_bytes": node_bytes,
                      "bytes_sent": sum(b[0] for b in node_bytes.values()),

@@ -95,14 +95,15 @@ def test_deployments_give_the_builtin_model(federation, tmp_path):
         assert all(set(r["node_bytes"]) == {str(c) for c in r["clients"]} for r in records)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_killed_node_is_left_out_and_rejoins_with_its_state(tmp_path):
-    """SCAFFOLD (a client state c_i on each node), 4 rounds: node 2 is SIGKILLed as soon as round 1 is recorded
-    (before it can answer round 2), restarted with the same state-dir once round 2 is recorded; round 2 aggregates
-    clients 0 and 1 and records why client 2 is missing, and the run ends with the model of the same rounds in which
-    client 2's round-2 reply never came (computed in process)."""
+    """SCAFFOLD (a client state c_i on each node), 5 rounds: node 2 is SIGKILLed as soon as round 1 is recorded
+    (before it can answer round 2) and restarted with the same state-dir once round 2 is recorded. Round 2 aggregates
+    clients 0 and 1 and records why client 2 is missing; the node rejoins (at round 3, or at round 4 when it is not
+    connected again when round 3 starts: that round says so too) from the c_2 it kept, and the run ends with the model
+    computed in process for the same rounds with the same replies missing."""
     output = str(tmp_path / "deployed")
-    changes = {"fed_algorithm": "scaffold", "num_rounds": 4}
+    changes = {"fed_algorithm": "scaffold", "num_rounds": 5}
     # (the first round's replies wait for each node's worker to start: minutes on a loaded 2-core machine)
     app = write_app(tmp_path, output_dir=output, flower_reply_timeout=240.0, **changes)
     lines = []
@@ -112,17 +113,22 @@ def test_killed_node_is_left_out_and_rejoins_with_its_state(tmp_path):
         federation.kill_node(2)
         wait_for(lambda: rounds_recorded(output) >= 2 or run.poll() is not None, RUN_TIMEOUT, "round 2")
         federation.start_node(2)
-        assert federation.follow(run, timeout=RUN_TIMEOUT) == 0, "".join(lines[-40:])
+        assert federation.follow(run, timeout=RUN_TIMEOUT * 2) == 0, "".join(lines[-40:])
     _assert_all_stopped(federation)
     records = history(output)
-    assert [r["clients"] for r in records] == [[0, 1, 2], [0, 1], [0, 1, 2], [0, 1, 2]]
+    assert records[0]["clients"] == [0, 1, 2] and records[1]["clients"] == [0, 1]
     (failed,) = records[1]["failed_clients"]
-    # Flower's SuperLink answers for a node that stopped sending heartbeats (2 x 30 s); or the wait ends first
+    # Flower's SuperLink answers for a node that stopped sending heartbeats (2 x 30 s), or drops the message of a node
+    # that left, or the wait ends first
     assert failed["client"] == 2 and any(reason in failed["reason"] for reason in (
         "Node Unavailable", "no reply from its SuperNode", "no SuperNode with partition-id=2")), failed["reason"]
-    # node 2 kept c_2 of round 1 through its restart, and trained from it in round 3
-    expected, _ = run_in_process(tmp_path / "in_process", {"absent": lambda round_index, client: (round_index, client) == (1, 2)},
-                                 **changes)
+    rejoined = [r["round"] for r in records[2:] if 2 in r["clients"]]
+    assert rejoined and rejoined == list(range(rejoined[0], 6)), [r["clients"] for r in records]
+    missing = {(r["round"] - 1, f["client"]) for r in records for f in r.get("failed_clients", [])}
+    assert {client for _, client in missing} == {2}
+    # node 2 kept c_2 of round 1 through its restart, and trained from it when it rejoined
+    expected, _ = run_in_process(tmp_path / "in_process", {"absent": lambda round_index, client: (round_index, client)
+                                                           in missing}, **changes)
     assert max_difference(final_weights(expected), final_weights(output)) == 0.0
 
 

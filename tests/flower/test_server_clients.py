@@ -124,3 +124,39 @@ def test_a_decentralized_preset_is_refused_before_anything_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"^fed_algorithm: 'dfedavg' is decentralized"):
         run_in_process(tmp_path, {}, fed_algorithm="dfedavg")
     assert not os.path.exists(tmp_path / "flower")
+
+
+def _image_folder(root, seed: int, rows_per_class: int) -> str:
+    """A CIFAR-layout image folder (train/<class>/*.png, test/<class>/*.png) of random 32x32 images."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", rows_per_class), ("test", 2)):
+        for label in ("airplane", "automobile", "bird"):
+            os.makedirs(os.path.join(root, split, label), exist_ok=True)
+            for i in range(count):
+                pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(os.path.join(root, split, label, f"{i}.png"))
+    return str(root)
+
+
+def test_nodes_with_their_own_data_train_every_row_of_it(tmp_path):
+    """Each node's data-path is a folder of its own (5, 6 and 7 images per class): its client trains on all of it,
+    and the server evaluates on its own copy."""
+    sizes = {0: 5, 1: 6, 2: 7}
+    folders = {i: _image_folder(tmp_path / f"site{i}", i, n) for i, n in sizes.items()}
+    server_data = _image_folder(tmp_path / "server", 9, 2)
+    from hf_fedflat.flower import node
+
+    changes = {"dataset_name": "cifar10", "data_dir": server_data, "image_size": 32, "per_device_train_batch_size": 4,
+               "partition_scheme": "iid"}
+    output, grid = run_in_process(tmp_path, {"node_config": lambda i: {"data-path": folders[i]}}, **changes)
+    with open(os.path.join(output, "history.json")) as f:
+        records = json.load(f)
+    assert [r["clients"] for r in records] == [[0, 1, 2], [0, 1, 2]]
+    # one local epoch of ceil(3 n / 4) steps per client: the node's every row, and no other
+    assert records[0]["local_steps"] == pytest.approx(sum(-(-3 * n // 4) for n in sizes.values()) / 3)
+    for i, n in sizes.items():
+        experiment = next(e for k, e in node._EXPERIMENTS.items() if dict(k[1])["data_path"] == folders[i])
+        assert experiment.trainer.partition.num_samples == [3 * n if c == i else 0 for c in range(3)]
