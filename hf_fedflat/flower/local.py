@@ -274,7 +274,7 @@ def _descendants(roots: list[int], include_roots: bool = False) -> list[int]:
                     stack.append(child[0])
         alive = {(pid, start) for pid, start in family if (_stat(pid) or (None, None, None))[2] == start}
         family &= alive
-        found |= {pid for pid, _ in alive} | ({root} if include_roots else set())
+        found |= {pid for pid, _ in alive} | ({root} if include_roots and _running(root) else set())
     return sorted(found)
 
 
