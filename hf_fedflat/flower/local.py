@@ -32,11 +32,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, process: subprocess.Popen, timeout: float, what: str) -> None:
+def _wait_for_port(port: int, process: subprocess.Popen, timeout: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {process.returncode} before it listened on port {port}")
+            tail = log.read_text(errors="replace").strip().splitlines()[-15:] if log.exists() else []
+            raise RuntimeError(f"{what} exited with status {process.returncode} before it listened on port {port}; "
+                               f"the end of {log}:\n" + "\n".join(tail))
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
@@ -98,7 +100,7 @@ class LocalFederation:
         self.port = free_port()
         self.superlink = self._popen([_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
                                       str(self.port)], "superlink.log")
-        _wait_for_port(self.port, self.superlink, timeout, "flower-superlink")
+        _wait_for_port(self.port, self.superlink, timeout, "flower-superlink", self.folder / "superlink.log")
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
