@@ -46,12 +46,25 @@ def files(tmp_path_factory):
     (root / "number.yaml").write_text("fed_algorithm: 5\n")
     (root / "a_folder").mkdir()
     (root / "no_images").mkdir()
+    for folder, splits in {"test_only": ["test.csv"], "test_and_validation": ["test.csv", "validation.csv"],
+                           "train_is_a_folder": ["test.csv"], "extra_cell": ["train.csv"]}.items():
+        (root / folder).mkdir()
+        for split in splits:
+            labelled(f"{folder}/{split}", ["0", "1"] * 8)
+    (root / "train_is_a_folder" / "train.csv").mkdir()
+    with open(root / "extra_cell" / "train.csv", "a") as handle:
+        handle.write("one cell too many,1,5\n")
+    (root / "header_only.csv").write_text("text,label\n")
+    (root / "empty.csv").write_text("")
+    (root / "cut.jsonl").write_text('{"text": "a", "label": 1}\n{"text": \n')
     return {"bert": tiny_bert_dir(root / "bert"),
             "empty_cell_csv": labelled("empty_cell.csv", ["0", "1", "", "1"] * 4),
             "none_jsonl": str(none_jsonl), "mixed_csv": labelled("mixed.csv", ["0", "1", "negative", "positive"] * 4),
             "broken_yaml": str(root / "broken.yaml"), "number_yaml": str(root / "number.yaml"),
             "missing_yaml": str(root / "missing.yaml"), "folder": str(root / "a_folder"),
-            "no_images": str(root / "no_images")}
+            "no_images": str(root / "no_images"), **{name: str(root / name) for name in (
+                "test_only", "test_and_validation", "train_is_a_folder", "extra_cell", "header_only.csv", "empty.csv",
+                "cut.jsonl")}}
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +86,24 @@ CASES = [
     ("label column mixing ids and names", "train",
      lambda f: ["--dataset_name", f["mixed_csv"], "--model_name_or_path", f["bert"], "--num_clients", "2"],
      r"label_column: 'label' of .*mixed\.csv mixes class ids and class names \(0, 1, negative, positive\)"),
+    ("folder with test.csv only", "train", lambda f: ["--dataset_name", f["test_only"], "--model_name_or_path", f["bert"]],
+     r"dataset_name: '.*test_only' holds test\.csv and no train\.<ext> file; evaluation rows are never trained on "
+     r"unless named: add train\.<ext>, or pass --train_split <split>"),
+    ("folder with test.csv and validation.csv", "train",
+     lambda f: ["--dataset_name", f["test_and_validation"], "--model_name_or_path", f["bert"]],
+     r"dataset_name: '.*test_and_validation' holds test\.csv, validation\.csv and no train\.<ext> file;"),
+    ("train.csv is a folder", "train",
+     lambda f: ["--dataset_name", f["train_is_a_folder"], "--model_name_or_path", f["bert"]],
+     r"dataset_name: '.*train_is_a_folder/train\.csv' is a folder, not a data file;"),
+    ("CSV row with an extra cell", "train",
+     lambda f: ["--dataset_name", f["extra_cell"], "--model_name_or_path", f["bert"]],
+     r"dataset_name: '.*extra_cell' could not be read as csv \(ParserError: .*Expected 2 fields in line 18, saw 3\)"),
+    ("header-only CSV", "train", lambda f: ["--dataset_name", f["header_only.csv"], "--model_name_or_path", f["bert"]],
+     r"dataset_name: '.*header_only\.csv' could not be read as csv \(ValueError: .*corresponds to no data"),
+    ("empty CSV", "train", lambda f: ["--dataset_name", f["empty.csv"], "--model_name_or_path", f["bert"]],
+     r"dataset_name: '.*empty\.csv' is empty; give it a header and rows\."),
+    ("JSONL cut in a row", "train", lambda f: ["--dataset_name", f["cut.jsonl"], "--model_name_or_path", f["bert"]],
+     r"dataset_name: '.*cut\.jsonl' could not be read as json \(ArrowInvalid: JSON parse error"),
     ("unknown model_name", "train", lambda f: [*DIGITS, "--model_name", "resnet_nope"],
      r"model_name: unknown model 'resnet_nope'\. Available: small_cnn"),
     ("num_clients above the rows", "train", lambda f: [*DIGITS, "--num_clients", "5000"],
