@@ -13,8 +13,8 @@ file and the tensor or field) a missing manifest, a file missing from it or not 
 hash that differs, a non-finite tensor, a ``round`` inconsistent with the history, the folder's name or
 the manifest. :meth:`RunCheckpoints.restore` then checks the checkpoint against the run, whatever its manifest
 says: its run id (a checkpoint of another run is refused), the fingerprint (:mod:`.fingerprint`: the run's
-identity never changes; its settings, with :data:`GUARDED_SETTINGS` and ``num_rounds`` below the checkpoint's
-round, only with ``allow_config_change``), and every restored tensor against the run's own template: each
+identity never changes; its settings, with :data:`GUARDED_SETTINGS`, only with ``allow_config_change``; a
+``num_rounds`` below the checkpoint's round never), and every restored tensor against the run's own template: each
 parameter's name, shape and dtype, the server state's keys, shapes and dtypes (those the run's pieces start with),
 every client state's keys, shapes and dtypes (:class:`ClientStateTemplate`: what the run's pieces keep) and the
 client ids. ``resume_from_checkpoint="latest"`` skips a corrupt newest checkpoint (with a warning saying why) and
@@ -685,9 +685,15 @@ class RunCheckpoints:
 
     def _check_settings(self, checkpoint: Checkpoint) -> list[dict]:
         """The settings that differ from the checkpoint's (:data:`GUARDED_SETTINGS`, the fingerprint's settings
-        tier, ``num_rounds`` below the checkpoint's round): refused naming each, or (``allow_config_change``)
-        logged and returned to be recorded."""
+        tier): refused naming each, or (``allow_config_change``) logged and returned to be recorded. ``num_rounds``
+        below the checkpoint's round is refused whatever ``allow_config_change`` says."""
         saved, now, path = checkpoint.meta["settings"], run_settings(self.args), checkpoint.path
+        if checkpoint.round > self.args.num_rounds:  # not a setting to change: those rounds are trained and recorded
+            raise CheckpointError(
+                f"num_rounds: the checkpoint {path} has completed {checkpoint.round} rounds, more than "
+                f"num_rounds={self.args.num_rounds}; a run cannot end before a round it has trained. Resume with "
+                f"--num_rounds {checkpoint.round} or more, or resume the round-{self.args.num_rounds} checkpoint "
+                "(if kept) to end there.")
         changes, reasons = [], []
         for name in GUARDED_SETTINGS:
             if name not in saved:
@@ -702,11 +708,6 @@ class RunCheckpoints:
                 changes.append({"field": name, "checkpoint": recorded[name], "run": value})
                 reasons.append(f"{name}: the checkpoint {path} was made with {name}={recorded[name]!r}, this run has "
                                f"{value!r}")
-        if checkpoint.round > self.args.num_rounds:
-            changes.append({"field": "num_rounds", "checkpoint": checkpoint.round, "run": self.args.num_rounds})
-            reasons.append(f"num_rounds: the checkpoint {path} has completed {checkpoint.round} rounds, more than "
-                           f"num_rounds={self.args.num_rounds} (nothing would train; its model would be saved as "
-                           "final)")
         if not changes:
             return []
         if not getattr(self.args, "allow_config_change", False):

@@ -72,6 +72,8 @@ def _run(trainer, resume, history_file) -> FederatedTrainOutput:
     args, comm, strategy = trainer.args, trainer.comm, trainer.strategy
     start_round, wall_offset = _start(trainer, resume) if comm.is_main else (0, 0.0)
     start_round = comm.broadcast_object(start_round)
+    if resume and comm.is_main:  # the restored history, with the changes the resume accepted, is the run's from now
+        history_file.write(trainer.history, force=True)
     reporter = RoundReporter(args, trainer.model) if comm.is_main else None
     progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", dynamic_ncols=True,
                     disable=not comm.is_main or args.disable_tqdm)
@@ -151,6 +153,8 @@ def _start(trainer, resume) -> tuple[int, float]:
             checkpoints.run_id = restored.run_id
         trainer.history = restored.history
         trainer.divergence.reference = restored.divergence_reference
+        if trainer.divergence.reference is None:  # started with the check off: the resumed run keeps the guard
+            trainer.divergence.measure(trainer, initial["params"], initial.get("buffers"))
     else:
         trainer.store.clear()  # nothing of an earlier run's client states (a spilled store's folder) is used
         trainer.divergence.measure(trainer, initial["params"], initial.get("buffers"))
