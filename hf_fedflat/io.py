@@ -15,6 +15,7 @@ SHA-256), then renamed into place; a kill or a full disk while saving leaves no 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -236,11 +237,55 @@ def _owner_gone(suffix: str) -> bool:
     return False
 
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``): no moment where either is
+    missing. False where the system or the file system cannot (the caller then renames twice)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(second))
+
+
+def restore_interrupted_dir(directory: str | os.PathLike) -> bool:
+    """Put back a folder a save killed between its two renames left hidden (``.<name>.old-<pid>-*/<name>``, its
+    writer gone) when ``directory`` itself is missing; True when it did. The next save, the next start of the run
+    and :func:`~hf_fedflat.models.factory.load_model` call it."""
+    directory = Path(os.path.abspath(directory))
+    if os.path.lexists(directory) or not directory.parent.is_dir():
+        return False
+    prefix = f".{directory.name}.old-"
+    for hidden in sorted(directory.parent.glob(prefix + "*")):
+        previous = hidden / directory.name
+        if _owner_gone(hidden.name[len(prefix):]) and previous.is_dir() and not previous.is_symlink():
+            os.replace(previous, directory)
+            _remove_tree(hidden)
+            logger.warning("Restored %s: a save was interrupted while it replaced it.", directory)
+            return True
+    return False
+
+
 def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *,
                      root: str | os.PathLike | None = None, durable: bool = True) -> Path:
     """Write a whole folder: ``fill(tmp)`` writes the files into a fresh temporary folder beside ``directory``;
     then :data:`COMPLETE_MARKER` (size and SHA-256 of every file) is written last, and the folder is renamed
-    into place. An existing ``directory`` is moved aside first and deleted after.
+    into place. An existing ``directory`` is swapped with it in one step (``renameat2(RENAME_EXCHANGE)``) and
+    deleted after; where the file system cannot swap, it is moved aside first, and a kill between the two renames
+    leaves it hidden until :func:`restore_interrupted_dir` (the next save, the run's next start, ``load_model``)
+    puts it back.
 
     A failure or a kill inside ``fill`` (a full disk, an exception) leaves ``directory`` as it was and no
     folder that looks complete (the temporary ``.<name>.tmp-<pid>-*`` folder of a killed save is removed by the
@@ -253,6 +298,7 @@ def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *
     directory = check_write_path(directory, root)
     parent = directory.parent
     parent.mkdir(parents=True, exist_ok=True)
+    restore_interrupted_dir(directory)  # (before the clean-up below: a hidden previous folder is the only one)
     for kind in ("tmp", "old"):  # left by a killed save: removed by this one once their owner is gone
         prefix = f".{directory.name}.{kind}-"
         for stale in parent.glob(prefix + "*"):
@@ -272,17 +318,21 @@ def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *
                 fsync_dir(dirpath)
         check_write_path(directory, root)  # (again: the save may have taken long)
         old = None
-        if os.path.lexists(directory):
+        if os.path.lexists(directory) and _exchange(tmp, directory):  # one step: never a moment without a folder
+            old, tmp = tmp, None
+        elif os.path.lexists(directory):
             old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-{os.getpid()}-", dir=parent))
             os.replace(directory, old / directory.name)
-        try:
-            os.replace(tmp, directory)
-        except BaseException:
-            if old is not None:  # put the previous folder back
-                os.replace(old / directory.name, directory)
-            raise
+        if tmp is not None:
+            try:
+                os.replace(tmp, directory)
+            except BaseException:
+                if old is not None:  # put the previous folder back
+                    os.replace(old / directory.name, directory)
+                raise
     except BaseException:
-        _remove_tree(tmp)
+        if tmp is not None:
+            _remove_tree(tmp)
         raise
     if durable:
         fsync_dir(parent)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write_json, check_write_path, refuse_symlinks_in
+from ..io import atomic_write_json, check_write_path, refuse_symlinks_in, restore_interrupted_dir
 
 __all__ = ["FOLDER_ENTRIES", "LOCK_FILE", "RUN_OUTPUTS", "RunFolder", "RunFolderError", "abandon_run_folder",
            "adopt_run_id", "check_entry_kinds", "check_foreign_resume", "claim_run_folder", "claimed_run_folder", "describe_run_outputs", "held_run_folder", "holds_run_folder",
@@ -316,6 +316,7 @@ def _claim(args, resume) -> RunFolder:
     root.mkdir(parents=True, exist_ok=True)
     fd = _lock(root)
     try:
+        restore_interrupted_dir(root / "final_model")  # a final save killed between its two renames
         overwrite = bool(getattr(args, "overwrite_output_dir", False))
         found = describe_run_outputs(root)
         if overwrite and resume and _resumes_inside(resume, output_dir):

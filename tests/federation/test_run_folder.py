@@ -374,3 +374,19 @@ def test_a_symlinked_loggers_folder_is_refused_before_anything_is_written(tmp_pa
     with pytest.raises(UnsafeWritePathError, match="runs"):
         run(folder, **TINY)
     assert sorted(p.name for p in folder.iterdir()) == ["runs"]
+
+
+def test_the_next_start_puts_back_a_final_model_a_killed_save_left_hidden(tmp_path, finished):
+    from types import SimpleNamespace
+
+    folder = copy_of(finished, tmp_path)
+    before = files(folder / "final_model")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    hidden = folder / f".final_model.old-{int(gone.stdout)}-x1y2"  # as a save killed between its renames leaves it
+    hidden.mkdir()
+    os.replace(folder / "final_model", hidden / "final_model")
+    claimed = claim_run_folder(SimpleNamespace(output_dir=str(folder), overwrite_output_dir=False), resume="latest")
+    try:
+        assert files(folder / "final_model") == before and not hidden.exists()
+    finally:
+        release_run_folder(claimed)
