@@ -17,6 +17,7 @@ def input_error_types() -> tuple[type[Exception], ...]:
     """Errors about the user's settings, files, data or Hub access; each message names the field, file or repo."""
     from ..data.images import DatasetUnavailableError
     from ..data.input_checks import InvalidInputError
+    from ..data.leaf import LeafFormatError
     from ..federation.checkpoint import CheckpointError
     from ..federation.run_folder import RunFolderError
     from ..hub.push import HubAccessError
@@ -24,7 +25,7 @@ def input_error_types() -> tuple[type[Exception], ...]:
     from .parsing import ConfigError
 
     return (ConfigError, CheckpointError, InvalidInputError, UnsafeWritePathError, IncompleteSaveError,
-            HubAccessError, DatasetUnavailableError, RunFolderError)
+            HubAccessError, DatasetUnavailableError, RunFolderError, LeafFormatError)
 
 
 def report_input_error(prog: str, error: BaseException) -> int:

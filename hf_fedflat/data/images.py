@@ -97,8 +97,8 @@ def resolve_source(name_or_path: str, data_dir: str | os.PathLike | None) -> tup
     if data_dir is not None:
         path = Path(data_dir).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(
-                f"data_dir={str(data_dir)!r} is not an existing folder; pass the folder holding "
+            raise DatasetUnavailableError(
+                f"data_dir: {str(data_dir)!r} is not an existing folder; pass the folder holding "
                 f"the dataset (a save_to_disk folder or an image folder)"
             )
         return str(path), True

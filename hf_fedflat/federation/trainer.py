@@ -35,6 +35,7 @@ from .fingerprint import model_fingerprint, partition_fingerprint
 from .load_balance import ClientCostModel
 from .loop import run_rounds
 from .outcome import FederatedTrainOutput, TrainingFailedError, write_run_status
+from .parent import watch_requested
 from .reporting import PartitionFilesCallback
 from .run_folder import abandon_run_folder, claim_run_folder, release_run_folder
 from .start_summary import StartSummaryCallback
@@ -265,6 +266,7 @@ class FederatedTrainer(TrainerAPI):
         # the folder is this run's until it ends: locked, checked, run_status.json "running" (federation.run_folder)
         folder = self.run_folder = claim_run_folder(self.args, resume, self.comm)
         try:
+            watch_requested()  # a bad HF_FEDFLAT_EXIT_WITH_PARENT: refused before round 1, the folder left as it was
             with _sigterm_as_exit():
                 output = run_rounds(self, resume)
         except TrainingFailedError as failed:

@@ -57,6 +57,9 @@ def files(tmp_path_factory):
     (root / "header_only.csv").write_text("text,label\n")
     (root / "empty.csv").write_text("")
     (root / "cut.jsonl").write_text('{"text": "a", "label": 1}\n{"text": \n')
+    for split in ("train", "test"):  # a LEAF file cut short
+        (root / "leaf" / split).mkdir(parents=True)
+        (root / "leaf" / split / f"all_data_0_{split}.json").write_text('{"users": ["a"], "num_samples": [1], ')
     return {"bert": tiny_bert_dir(root / "bert"),
             "empty_cell_csv": labelled("empty_cell.csv", ["0", "1", "", "1"] * 4),
             "none_jsonl": str(none_jsonl), "mixed_csv": labelled("mixed.csv", ["0", "1", "negative", "positive"] * 4),
@@ -64,7 +67,7 @@ def files(tmp_path_factory):
             "missing_yaml": str(root / "missing.yaml"), "folder": str(root / "a_folder"),
             "no_images": str(root / "no_images"), **{name: str(root / name) for name in (
                 "test_only", "test_and_validation", "train_is_a_folder", "extra_cell", "header_only.csv", "empty.csv",
-                "cut.jsonl")}}
+                "cut.jsonl", "leaf")}}
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +107,15 @@ CASES = [
      r"dataset_name: '.*empty\.csv' is empty; give it a header and rows\."),
     ("JSONL cut in a row", "train", lambda f: ["--dataset_name", f["cut.jsonl"], "--model_name_or_path", f["bert"]],
      r"dataset_name: '.*cut\.jsonl' could not be read as json \(ArrowInvalid: JSON parse error"),
+    ("model_kwargs with a keyword the model lacks", "train", lambda f: [*DIGITS, "--model_kwargs", '{"nosuch": 3}'],
+     r"model_kwargs: \{'nosuch': 3\} do not build model_name='small_cnn' \(TypeError: .*unexpected keyword argument "
+     r"'nosuch'\); pass only keywords its constructor takes, with valid values\."),
+    ("model_kwargs with a negative size", "train", lambda f: [*DIGITS, "--model_kwargs", '{"hidden_dim": -1}'],
+     r"model_kwargs: \{'hidden_dim': -1\} do not build model_name='small_cnn' \(RuntimeError: .*negative dimension"),
+    ("missing data_dir", "train", lambda f: ["--dataset_name", "femnist", "--data_dir", f["folder"] + "/nothing"],
+     r"data_dir: '.*a_folder/nothing' is not an existing folder; pass the folder holding the dataset"),
+    ("LEAF JSON cut short", "train", lambda f: ["--dataset_name", "femnist", "--data_dir", f["leaf"]],
+     r".*leaf/train/all_data_0_train\.json: not valid JSON \("),
     ("unknown model_name", "train", lambda f: [*DIGITS, "--model_name", "resnet_nope"],
      r"model_name: unknown model 'resnet_nope'\. Available: small_cnn"),
     ("num_clients above the rows", "train", lambda f: [*DIGITS, "--num_clients", "5000"],
@@ -188,3 +200,15 @@ def test_a_token_flag_is_warned_about_by_every_entry_point(tmp_path, caplog, ent
     assert status == EXIT_BAD_INPUT
     assert "hub_token is given as a command-line flag" in caplog.text and "HF_TOKEN" in caplog.text
     assert "hf_not_a_real_token" not in caplog.text
+
+
+def test_a_bad_exit_with_parent_setting_is_one_line_before_round_1(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_FEDFLAT_EXIT_WITH_PARENT", "maybe")
+    out = tmp_path / "run"
+    capsys.readouterr()
+    status, prog = run_entry("train", [*DIGITS, "--output_dir", str(out), *FAST])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == EXIT_BAD_INPUT and lines == [
+        f"{prog}: error: HF_FEDFLAT_EXIT_WITH_PARENT: expected auto, 1 or 0 (or true/false, yes/no, on/off), got "
+        "'maybe'; set one of these, or unset it."]
+    assert left_behind(out) == []
