@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 __all__ = [
     "COMPLETE_MARKER",
+    "DiskFullError",
     "IncompleteSaveError",
     "RecordLog",
     "UnsafeWritePathError",
@@ -35,6 +36,7 @@ __all__ = [
     "atomic_savefig",
     "atomic_write_dir",
     "atomic_write_json",
+    "is_disk_full",
     "atomic_write_text",
     "check_write_path",
     "fsync_dir",
@@ -130,6 +132,46 @@ def refuse_symlinks_in(root: str | os.PathLike, names: tuple[str, ...] | list[st
                         raise _link_error(Path(dirpath) / child, "an entry of the run's folder")
 
 
+#: a write that ran out of room: no space left, a quota, a file-size limit (RLIMIT_FSIZE: EFBIG)
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: how safetensors' Rust writer words the same (its errors are not OSErrors)
+_DISK_FULL_WORDS = ("No space left on device", "StorageFull", "Disk quota exceeded", "File too large",
+                    "FileTooLarge")
+
+
+class DiskFullError(OSError):
+    """A write ran out of room (no space left on the device, a quota, a file-size limit): ``path`` is the file
+    being written; ``advice`` (added by the run) names the last complete checkpoint and how to resume."""
+
+    def __init__(self, path: str | os.PathLike, reason: str, advice: str | None = None):
+        super().__init__(errno.ENOSPC, reason, os.fspath(path))
+        self.path, self.reason, self.advice = os.fspath(path), reason, advice
+
+    def __str__(self) -> str:
+        return f"{self.path}: no room left to write it ({self.reason})" + (f"; {self.advice}" if self.advice else ".")
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (an ``OSError``, or safetensors' ``SafetensorError``) is a write that ran out of room."""
+    if isinstance(error, DiskFullError):
+        return True
+    if isinstance(error, OSError):
+        return error.errno in _DISK_FULL_ERRNOS
+    return type(error).__name__ == "SafetensorError" and any(word in str(error) for word in _DISK_FULL_WORDS)
+
+
+def disk_full_error(error: BaseException, path: str | os.PathLike) -> DiskFullError | None:
+    """``error`` as a :class:`DiskFullError` naming ``path`` (or the file the ``OSError`` names), or None when
+    it is not one."""
+    if isinstance(error, DiskFullError) or not is_disk_full(error):
+        return error if isinstance(error, DiskFullError) else None
+    if isinstance(error, OSError):
+        reason = error.strerror or str(error)
+    else:
+        reason = next(word for word in _DISK_FULL_WORDS if word in str(error))
+    return DiskFullError(path, reason)
+
+
 def _atomic_write(path: str | os.PathLike, write: Callable[[str], Any], durable: bool = True,
                   root: str | os.PathLike | None = None) -> None:
     """Write to a temporary file in the same folder and rename it over ``path`` (see :func:`check_write_path`).
@@ -148,9 +190,12 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[str], Any], durable:
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+        full = disk_full_error(error, path)
+        if full is not None and full is not error:
+            raise full from error
         raise
     if durable:
         fsync_dir(path.parent)
@@ -278,6 +323,18 @@ def restore_interrupted_dir(directory: str | os.PathLike) -> bool:
     return False
 
 
+def _newest_file(folder: Path) -> str | None:
+    """The file under ``folder`` written last (None when there is none)."""
+    newest = None
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            stamp = os.stat(path).st_mtime_ns
+            if newest is None or stamp >= newest[0]:
+                newest = (stamp, path)
+    return newest[1] if newest else None
+
+
 def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *,
                      root: str | os.PathLike | None = None, durable: bool = True) -> Path:
     """Write a whole folder: ``fill(tmp)`` writes the files into a fresh temporary folder beside ``directory``;
@@ -330,9 +387,18 @@ def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *
                 if old is not None:  # put the previous folder back
                     os.replace(old / directory.name, directory)
                 raise
-    except BaseException:
+    except BaseException as error:
+        written = getattr(error, "filename", None)  # the file inside the temporary folder, as it will be named
+        if tmp is not None and not isinstance(written, str) and is_disk_full(error):
+            written = _newest_file(tmp)  # (safetensors' errors name no file: the one it was writing is the newest)
+        if tmp is not None and isinstance(written, str) and written.startswith(os.fspath(tmp) + os.sep):
+            written = os.fspath(directory) + written[len(os.fspath(tmp)):]
         if tmp is not None:
             _remove_tree(tmp)
+        if is_disk_full(error):  # named as the file in ``directory``, not in the removed temporary folder
+            reason = disk_full_error(error, directory).reason
+            raise DiskFullError(written if isinstance(written, str) else directory, reason,
+                                getattr(error, "advice", None)) from error
         raise
     if durable:
         fsync_dir(parent)

@@ -35,7 +35,7 @@ __all__ = ["COMMANDS", "COMPARE_COLUMNS", "compare_main", "format_comparison", "
 # -------------------------------------------------------------------------------------------------
 def train_main(argv: Sequence[str]) -> int:
     from .experiment import run_experiment
-    from .exit_codes import input_error_types, report_input_error
+    from .exit_codes import input_error_types, report_disk_full, report_input_error
     from ..federation.comm import init_federated_process_group
     from ..federation.outcome import EXIT_TRAINING_FAILED, RUN_STATUS_FILE, TrainingFailedError
     from .parsing import ConfigError, parse_train_args
@@ -54,6 +54,11 @@ def train_main(argv: Sequence[str]) -> int:
         return EXIT_TRAINING_FAILED
     except input_error_types() as error:
         return report_input_error("hf-fedflat train", error)
+    except Exception as error:  # a full disk: one line naming the file and the checkpoint to resume
+        status = report_disk_full("hf-fedflat train", error)
+        if status is None:
+            raise
+        return status
     if group.is_main:
         print(format_comparison([summarize_run(args.output_dir).row(COMPARE_COLUMNS)]))
         print(f"\nFinal model and model card: {output.final_model_dir}")

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..io import RecordLog
+from ..io import DiskFullError, RecordLog
 from ..runtime.vectors import recycle_vectors
+from .checkpoint import advise_resume
 from .load_balance import assign_to_processes
 from .outcome import FederatedTrainOutput, TrainingFailedError, untrained_reason, write_run_status
 from .parent import ParentWatch
@@ -63,9 +64,17 @@ def run_rounds(trainer, resume=None) -> FederatedTrainOutput:
     # model-sized vectors (weights, updates, directions) reuse their memory from client to client
     with recycle_vectors(space.numel, space.dtype, space.device):
         try:
-            return _run(trainer, resume, history_file)
-        finally:
-            history_file.flush()
+            output = _run(trainer, resume, history_file)
+        except BaseException as error:
+            try:
+                history_file.flush()
+            except OSError as failure:  # (a full disk): the error that stopped the run is the one to report
+                logger.warning("Could not write the pending history.json records: %s", failure)
+            if isinstance(error, DiskFullError):  # whichever write it was: the checkpoint to resume from
+                advise_resume(error, trainer.args.output_dir)
+            raise
+        history_file.flush()
+        return output
 
 
 def _run(trainer, resume, history_file) -> FederatedTrainOutput:

@@ -22,7 +22,7 @@ from ..callbacks import FederatedCallback
 from ..config import FedTrainingArguments
 from ..diagnostics import RunDiagnostics
 from ..hub.push import HubPushCallback, ModelCardCallback
-from ..io import atomic_save_safetensors, atomic_write_json, atomic_write_text
+from ..io import atomic_save_safetensors, atomic_write_json, atomic_write_text, disk_full_error
 from ..metrics import accuracy_metrics
 from ..runtime.fast_trainer import client_trainer_class
 from ..state import create_client_state_store
@@ -324,13 +324,20 @@ class FederatedTrainer(TrainerAPI):
     def _write_model_files(self, directory: str) -> None:
         from ..models.lora import is_peft_model, save_federated_model
 
-        if is_peft_model(self.model):
-            save_federated_model(self.model, directory, lora_save=self.lora_save)
-        elif hasattr(self.model, "save_pretrained"):
-            self.model.save_pretrained(directory)
-        else:
-            atomic_save_safetensors({k: v.contiguous() for k, v in self.model.state_dict().items()},
-                                    os.path.join(directory, "model.safetensors"))
+        weights = os.path.join(directory, "adapter_model.safetensors" if is_peft_model(self.model)
+                               else "model.safetensors")
+        try:
+            if is_peft_model(self.model):
+                save_federated_model(self.model, directory, lora_save=self.lora_save)
+            elif hasattr(self.model, "save_pretrained"):
+                self.model.save_pretrained(directory)
+            else:
+                atomic_save_safetensors({k: v.contiguous() for k, v in self.model.state_dict().items()}, weights)
+        except Exception as error:  # a full disk: named as the weights file (safetensors' error names none)
+            full = disk_full_error(error, weights)
+            if full is None:
+                raise
+            raise full from error
         from ..models.artifacts import complete_model_folder  # tokenizer/processor saved; timm layout for timm models
 
         complete_model_folder(directory, processing_class=getattr(self.client_trainer, "processing_class", None),
