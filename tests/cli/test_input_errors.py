@@ -44,6 +44,9 @@ def files(tmp_path_factory):
                                   for i, label in enumerate([0, 1, None, 1] * 4)))
     (root / "broken.yaml").write_text("num_rounds: [1\n  fed_algorithm: : :\n")
     (root / "number.yaml").write_text("fed_algorithm: 5\n")
+    (root / "twice.yaml").write_text("num_rounds: 2\nfed_algorithm: fedsam\nnum_rounds: 5\n")
+    (root / "twice.json").write_text('{"num_rounds": 2, "num_rounds": 5}')
+    (root / "comments_only.yaml").write_text("# the settings, to be written\n\n")
     (root / "a_folder").mkdir()
     (root / "no_images").mkdir()
     for folder, splits in {"test_only": ["test.csv"], "test_and_validation": ["test.csv", "validation.csv"],
@@ -67,7 +70,7 @@ def files(tmp_path_factory):
             "missing_yaml": str(root / "missing.yaml"), "folder": str(root / "a_folder"),
             "no_images": str(root / "no_images"), **{name: str(root / name) for name in (
                 "test_only", "test_and_validation", "train_is_a_folder", "extra_cell", "header_only.csv", "empty.csv",
-                "cut.jsonl", "leaf")}}
+                "cut.jsonl", "leaf", "twice.yaml", "twice.json", "comments_only.yaml")}}
 
 
 @pytest.fixture(autouse=True)
@@ -127,6 +130,12 @@ CASES = [
     ("missing config file", "train", lambda f: ["--config", f["missing_yaml"]],
      r"config: .*missing\.yaml does not exist\."),
     ("config is a folder", "train", lambda f: ["--config", f["folder"]], r"config: .*a_folder is a folder;"),
+    ("YAML key given twice", "train", lambda f: ["--config", f["twice.yaml"]],
+     r"config: .*twice\.yaml sets 'num_rounds' twice \(lines 1 and 3\); keep one\."),
+    ("JSON key given twice", "train", lambda f: ["--config", f["twice.json"]],
+     r"config: .*twice\.json sets 'num_rounds' twice in one object; keep one\."),
+    ("empty config file", "train", lambda f: ["--config", f["comments_only.yaml"]],
+     r"config: .*comments_only\.yaml is empty; give its fields \(field: value\), or leave --config out\."),
     ("fed_algorithm: 5 in YAML", "train", lambda f: ["--config", f["number_yaml"]],
      r"fed_algorithm='5' is not a known algorithm\."),
     ("image_size 0", "train", lambda f: [*DIGITS, "--image_size", "0"],
