@@ -49,8 +49,10 @@ def train_main(argv: Sequence[str]) -> int:
         experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
     except TrainingFailedError as failed:  # the run did not train: no final model, a non-zero exit status
         if group.is_main:
+            kept = getattr(failed.output, "final_model_dir", None)  # (fail_if_not_learned keeps it)
             print(f"\nTraining failed: {failed.reason}\nSee {os.path.join(args.output_dir, RUN_STATUS_FILE)} and "
-                  "history.json; no final_model/ was written.", file=sys.stderr)
+                  f"history.json; {f'the final model is in {kept}' if kept else 'no final_model/ was written'}.",
+                  file=sys.stderr)
         return EXIT_TRAINING_FAILED
     except input_error_types() as error:
         return report_input_error("hf-fedflat train", error)

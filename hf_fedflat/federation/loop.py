@@ -258,15 +258,40 @@ def _finish(trainer, reporter) -> FederatedTrainOutput:
     final = comm.broadcast_tensors(trainer.strategy.evaluation_model() if comm.is_main else None)
     params = final["params"]
     trainer.load_weights(params, final.get("buffers"))
+    not_learned = None
     if comm.is_main:
         reporter.close()
         trainer.diagnostics.finish(trainer.client_trainer, params)
+        trainer.learning_check = _learning_check(trainer)
         final_dir = trainer.save_model(os.path.join(trainer.args.output_dir, "final_model"))
-        write_run_status(trainer.args.output_dir, trainer.history, "completed", None, final_dir,
-                         trainer.run_folder.status_fields())
+        fields = {**trainer.run_folder.status_fields(), "learning_check": trainer.learning_check}
+        if trainer.learning_check and not trainer.learning_check["learned"]:
+            logger.warning("%s", trainer.learning_check["reason"])
+            if getattr(trainer.args, "fail_if_not_learned", False):
+                not_learned = trainer.learning_check["reason"]
+        status = write_run_status(trainer.args.output_dir, trainer.history, "failed" if not_learned else "completed",
+                                  not_learned, final_dir, fields)
         trainer.call_callbacks("on_train_end", trainer.history, final_model_dir=final_dir)
+    not_learned = comm.broadcast_object(not_learned) if comm.distributed else not_learned
     comm.barrier()
-    return FederatedTrainOutput(params=params, history=trainer.history, final_model_dir=final_dir)
+    output = FederatedTrainOutput(params=params, history=trainer.history, final_model_dir=final_dir)
+    if not_learned is not None:  # (fail_if_not_learned) the final model is kept: nothing trained is lost
+        raise TrainingFailedError(not_learned, output, status if comm.is_main else None)
+    return output
+
+
+def _learning_check(trainer) -> dict | None:
+    """:func:`~.outcome.learning_check` of the run: the majority class's share of the training rows (from the
+    partition's label counts) and the initial model's loss (the divergence reference)."""
+    from .outcome import learning_check
+
+    counts = getattr(getattr(trainer, "partition", None), "label_counts", None)
+    share = None
+    if counts is not None and np.asarray(counts).ndim == 2 and np.asarray(counts).shape[1] > 1:
+        totals = np.asarray(counts).sum(axis=0)
+        share = float(totals.max() / totals.sum()) if totals.sum() > 0 else None
+    reference = trainer.divergence.reference or {}
+    return learning_check(trainer.history, majority_share=share, initial_loss=reference.get("initial_loss"))
 
 
 def _fail(trainer, reporter, reason: str) -> None:

@@ -201,6 +201,8 @@ class FederatedTrainer(TrainerAPI):
         self.failure_policy = FailurePolicy(args.max_consecutive_failed_rounds)
         #: a round whose train loss is NaN/Inf or far above the initial one fails the run (federation.divergence)
         self.divergence = DivergenceGuard(getattr(args, "divergence_factor", None))
+        #: whether the final model learned (:func:`~.outcome.learning_check`), set at the end of the run
+        self.learning_check: dict | None = None
         #: the claimed output_dir (federation.run_folder): set by train()
         self.run_folder = None
         #: further values a resume must match, and those of them that are settings (hf-fedflat train: its data,
