@@ -91,8 +91,8 @@ def resolve_source(name_or_path: str, data_dir: str | os.PathLike | None) -> tup
     """Return ``(source, is_local)``: ``data_dir`` when given, else ``name_or_path``.
 
     Raises:
-        FileNotFoundError: ``data_dir`` (or a ``name_or_path`` that is clearly a path) does
-            not exist.
+        DatasetUnavailableError: ``data_dir`` does not exist (the command line's one line, exit status 2).
+        FileNotFoundError: a ``name_or_path`` that is clearly a path does not exist.
     """
     if data_dir is not None:
         path = Path(data_dir).expanduser()
