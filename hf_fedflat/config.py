@@ -230,6 +230,12 @@ class FedTrainingArguments(TrainingArguments):
                           "divergence_factor x max(1, the initial model's loss on 256 training rows); 0 or None: no "
                           "check."},
     )
+    fail_if_not_learned: bool = field(
+        default=False,
+        metadata={"help": "Exit with status 3 (final_model/ kept) when the final model did not learn: its eval accuracy "
+                          "at the chance level (the majority class's share of the training rows) or its eval loss not "
+                          "below the initial model's. Either way the log, run_status.json and the card say so."},
+    )
 
     # (clients trained at once go here: include_fields(ConcurrencyArguments))
 
@@ -430,6 +436,8 @@ class FedTrainingArguments(TrainingArguments):
         check_integer("max_consecutive_failed_rounds", self.max_consecutive_failed_rounds, low=0)
         if self.divergence_factor is not None and self.divergence_factor != 0:
             check_number("divergence_factor", self.divergence_factor, low=1.0)
+        if not isinstance(self.fail_if_not_learned, bool):
+            fail("fail_if_not_learned", f"must be true or false, got {self.fail_if_not_learned!r}.")
         if not isinstance(self.overwrite_output_dir, bool):
             fail("overwrite_output_dir", f"must be true or false, got {self.overwrite_output_dir!r}.")
         check_choice("decentralized_participation", self.decentralized_participation, DECENTRALIZED_PARTICIPATION)

@@ -15,6 +15,7 @@ SHA-256), then renamed into place; a kill or a full disk while saving leaves no 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -27,6 +28,7 @@ from typing import Any, Callable
 
 __all__ = [
     "COMPLETE_MARKER",
+    "DiskFullError",
     "IncompleteSaveError",
     "RecordLog",
     "UnsafeWritePathError",
@@ -34,6 +36,7 @@ __all__ = [
     "atomic_savefig",
     "atomic_write_dir",
     "atomic_write_json",
+    "is_disk_full",
     "atomic_write_text",
     "check_write_path",
     "fsync_dir",
@@ -129,6 +132,46 @@ def refuse_symlinks_in(root: str | os.PathLike, names: tuple[str, ...] | list[st
                         raise _link_error(Path(dirpath) / child, "an entry of the run's folder")
 
 
+#: a write that ran out of room: no space left, a quota, a file-size limit (RLIMIT_FSIZE: EFBIG)
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: how safetensors' Rust writer words the same (its errors are not OSErrors)
+_DISK_FULL_WORDS = ("No space left on device", "StorageFull", "Disk quota exceeded", "File too large",
+                    "FileTooLarge")
+
+
+class DiskFullError(OSError):
+    """A write ran out of room (no space left on the device, a quota, a file-size limit): ``path`` is the file
+    being written; ``advice`` (added by the run) names the last complete checkpoint and how to resume."""
+
+    def __init__(self, path: str | os.PathLike, reason: str, advice: str | None = None):
+        super().__init__(errno.ENOSPC, reason, os.fspath(path))
+        self.path, self.reason, self.advice = os.fspath(path), reason, advice
+
+    def __str__(self) -> str:
+        return f"{self.path}: no room left to write it ({self.reason})" + (f"; {self.advice}" if self.advice else ".")
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (an ``OSError``, or safetensors' ``SafetensorError``) is a write that ran out of room."""
+    if isinstance(error, DiskFullError):
+        return True
+    if isinstance(error, OSError):
+        return error.errno in _DISK_FULL_ERRNOS
+    return type(error).__name__ == "SafetensorError" and any(word in str(error) for word in _DISK_FULL_WORDS)
+
+
+def disk_full_error(error: BaseException, path: str | os.PathLike) -> DiskFullError | None:
+    """``error`` as a :class:`DiskFullError` naming ``path`` (or the file the ``OSError`` names), or None when
+    it is not one."""
+    if isinstance(error, DiskFullError) or not is_disk_full(error):
+        return error if isinstance(error, DiskFullError) else None
+    if isinstance(error, OSError):
+        reason = error.strerror or str(error)
+    else:
+        reason = next(word for word in _DISK_FULL_WORDS if word in str(error))
+    return DiskFullError(path, reason)
+
+
 def _atomic_write(path: str | os.PathLike, write: Callable[[str], Any], durable: bool = True,
                   root: str | os.PathLike | None = None) -> None:
     """Write to a temporary file in the same folder and rename it over ``path`` (see :func:`check_write_path`).
@@ -147,9 +190,12 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[str], Any], durable:
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+        full = disk_full_error(error, path)
+        if full is not None and full is not error:
+            raise full from error
         raise
     if durable:
         fsync_dir(path.parent)
@@ -236,11 +282,67 @@ def _owner_gone(suffix: str) -> bool:
     return False
 
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``): no moment where either is
+    missing. False where the system or the file system cannot (the caller then renames twice)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(second))
+
+
+def restore_interrupted_dir(directory: str | os.PathLike) -> bool:
+    """Put back a folder a save killed between its two renames left hidden (``.<name>.old-<pid>-*/<name>``, its
+    writer gone) when ``directory`` itself is missing; True when it did. The next save, the next start of the run
+    and :func:`~hf_fedflat.models.factory.load_model` call it."""
+    directory = Path(os.path.abspath(directory))
+    if os.path.lexists(directory) or not directory.parent.is_dir():
+        return False
+    prefix = f".{directory.name}.old-"
+    for hidden in sorted(directory.parent.glob(prefix + "*")):
+        previous = hidden / directory.name
+        if _owner_gone(hidden.name[len(prefix):]) and previous.is_dir() and not previous.is_symlink():
+            os.replace(previous, directory)
+            _remove_tree(hidden)
+            logger.warning("Restored %s: a save was interrupted while it replaced it.", directory)
+            return True
+    return False
+
+
+def _newest_file(folder: Path) -> str | None:
+    """The file under ``folder`` written last (None when there is none)."""
+    newest = None
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            stamp = os.stat(path).st_mtime_ns
+            if newest is None or stamp >= newest[0]:
+                newest = (stamp, path)
+    return newest[1] if newest else None
+
+
 def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *,
                      root: str | os.PathLike | None = None, durable: bool = True) -> Path:
     """Write a whole folder: ``fill(tmp)`` writes the files into a fresh temporary folder beside ``directory``;
     then :data:`COMPLETE_MARKER` (size and SHA-256 of every file) is written last, and the folder is renamed
-    into place. An existing ``directory`` is moved aside first and deleted after.
+    into place. An existing ``directory`` is swapped with it in one step (``renameat2(RENAME_EXCHANGE)``) and
+    deleted after; where the file system cannot swap, it is moved aside first, and a kill between the two renames
+    leaves it hidden until :func:`restore_interrupted_dir` (the next save, the run's next start, ``load_model``)
+    puts it back.
 
     A failure or a kill inside ``fill`` (a full disk, an exception) leaves ``directory`` as it was and no
     folder that looks complete (the temporary ``.<name>.tmp-<pid>-*`` folder of a killed save is removed by the
@@ -253,6 +355,7 @@ def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *
     directory = check_write_path(directory, root)
     parent = directory.parent
     parent.mkdir(parents=True, exist_ok=True)
+    restore_interrupted_dir(directory)  # (before the clean-up below: a hidden previous folder is the only one)
     for kind in ("tmp", "old"):  # left by a killed save: removed by this one once their owner is gone
         prefix = f".{directory.name}.{kind}-"
         for stale in parent.glob(prefix + "*"):
@@ -272,17 +375,30 @@ def atomic_write_dir(directory: str | os.PathLike, fill: Callable[[str], Any], *
                 fsync_dir(dirpath)
         check_write_path(directory, root)  # (again: the save may have taken long)
         old = None
-        if os.path.lexists(directory):
+        if os.path.lexists(directory) and _exchange(tmp, directory):  # one step: never a moment without a folder
+            old, tmp = tmp, None
+        elif os.path.lexists(directory):
             old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-{os.getpid()}-", dir=parent))
             os.replace(directory, old / directory.name)
-        try:
-            os.replace(tmp, directory)
-        except BaseException:
-            if old is not None:  # put the previous folder back
-                os.replace(old / directory.name, directory)
-            raise
-    except BaseException:
-        _remove_tree(tmp)
+        if tmp is not None:
+            try:
+                os.replace(tmp, directory)
+            except BaseException:
+                if old is not None:  # put the previous folder back
+                    os.replace(old / directory.name, directory)
+                raise
+    except BaseException as error:
+        written = getattr(error, "filename", None)  # the file inside the temporary folder, as it will be named
+        if tmp is not None and not isinstance(written, str) and is_disk_full(error):
+            written = _newest_file(tmp)  # (safetensors' errors name no file: the one it was writing is the newest)
+        if tmp is not None and isinstance(written, str) and written.startswith(os.fspath(tmp) + os.sep):
+            written = os.fspath(directory) + written[len(os.fspath(tmp)):]
+        if tmp is not None:
+            _remove_tree(tmp)
+        if is_disk_full(error):  # named as the file in ``directory``, not in the removed temporary folder
+            reason = disk_full_error(error, directory).reason
+            raise DiskFullError(written if isinstance(written, str) else directory, reason,
+                                getattr(error, "advice", None)) from error
         raise
     if durable:
         fsync_dir(parent)

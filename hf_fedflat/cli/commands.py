@@ -35,7 +35,7 @@ __all__ = ["COMMANDS", "COMPARE_COLUMNS", "compare_main", "format_comparison", "
 # -------------------------------------------------------------------------------------------------
 def train_main(argv: Sequence[str]) -> int:
     from .experiment import run_experiment
-    from .exit_codes import input_error_types, report_input_error
+    from .exit_codes import input_error_types, report_disk_full, report_input_error
     from ..federation.comm import init_federated_process_group
     from ..federation.outcome import EXIT_TRAINING_FAILED, RUN_STATUS_FILE, TrainingFailedError
     from .parsing import ConfigError, parse_train_args
@@ -49,11 +49,18 @@ def train_main(argv: Sequence[str]) -> int:
         experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
     except TrainingFailedError as failed:  # the run did not train: no final model, a non-zero exit status
         if group.is_main:
+            kept = getattr(failed.output, "final_model_dir", None)  # (fail_if_not_learned keeps it)
             print(f"\nTraining failed: {failed.reason}\nSee {os.path.join(args.output_dir, RUN_STATUS_FILE)} and "
-                  "history.json; no final_model/ was written.", file=sys.stderr)
+                  f"history.json; {f'the final model is in {kept}' if kept else 'no final_model/ was written'}.",
+                  file=sys.stderr)
         return EXIT_TRAINING_FAILED
     except input_error_types() as error:
         return report_input_error("hf-fedflat train", error)
+    except Exception as error:  # a full disk: one line naming the file and the checkpoint to resume
+        status = report_disk_full("hf-fedflat train", error)
+        if status is None:
+            raise
+        return status
     if group.is_main:
         print(format_comparison([summarize_run(args.output_dir).row(COMPARE_COLUMNS)]))
         print(f"\nFinal model and model card: {output.final_model_dir}")

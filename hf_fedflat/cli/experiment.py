@@ -24,6 +24,7 @@ from transformers import set_seed
 from ..config import FedTrainingArguments
 from ..data.arguments import DataArguments
 from ..data.catalog import FederatedData, load_data
+from ..field_checks import ConfigError
 from ..models.arguments import ModelArguments
 
 __all__ = ["Experiment", "build_experiment", "build_model", "build_node_experiment", "run_experiment"]
@@ -56,16 +57,23 @@ def _create_named_model(model_args: ModelArguments, data: FederatedData):
     from ..models import create_model
     from ..models.next_char import TEXT_MODELS
 
-    if model_args.model_name in TEXT_MODELS:
-        vocab_size = getattr(data, "vocab_size", None) or data.num_classes  # next-token models: classes = vocabulary
-        return create_model(model_args.model_name, num_classes=data.num_classes, vocab_size=vocab_size,
-                            **model_args.model_kwargs_dict)
     try:
+        if model_args.model_name in TEXT_MODELS:
+            vocab_size = getattr(data, "vocab_size", None) or data.num_classes  # next-token models: the vocabulary
+            return create_model(model_args.model_name, num_classes=data.num_classes, vocab_size=vocab_size,
+                                **model_args.model_kwargs_dict)
         return create_model(
             model_args.model_name, num_classes=data.num_classes, in_chans=data.in_chans,
             image_size=model_args.image_size, pretrained=model_args.pretrained,
             pretrained_path=model_args.pretrained_path, **model_args.model_kwargs_dict,
         )
+    except (TypeError, ValueError, RuntimeError) as error:  # a keyword the constructor lacks, a bad size, ...
+        if not model_args.model_kwargs_dict or isinstance(error, ConfigError):
+            raise
+        raise ConfigError(
+            f"model_kwargs: {model_args.model_kwargs_dict} do not build model_name={model_args.model_name!r} "
+            f"({type(error).__name__}: {error}); pass only keywords its constructor takes, with valid values."
+        ) from error
     except OSError as error:  # timm's Hub download failed (offline, no token, ...)
         if model_args.pretrained and not model_args.pretrained_path:
             raise OSError(

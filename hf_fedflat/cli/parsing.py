@@ -68,21 +68,44 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"config: cannot read {path} ({error}).") from None
     if path.endswith(".json"):
+        def unique_keys(pairs):
+            seen = [key for key, _ in pairs]
+            twice = next((key for i, key in enumerate(seen) if key in seen[:i]), None)
+            if twice is not None:
+                raise ConfigError(f"config: {path} sets {twice!r} twice in one object; keep one.")
+            return dict(pairs)
+
+        if not text.strip():
+            raise ConfigError(f"config: {path} is empty; give its fields (field: value), or leave --config out.")
         try:
-            values = json.loads(text)
+            values = json.loads(text, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as error:
             raise ConfigError(f"config: {path} is not valid JSON (line {error.lineno}, column {error.colno}: "
                               f"{error.msg}).") from None
     else:
         import yaml
 
+        class UniqueKeyLoader(yaml.SafeLoader):  # a key given twice is refused, not the last one taken silently
+            def construct_mapping(self, node, deep=False):
+                first: dict = {}
+                for key_node, _ in node.value:
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    if key in first:
+                        raise ConfigError(f"config: {path} sets {key!r} twice (lines {first[key]} and {line}); "
+                                          "keep one.")
+                    first[key] = line
+                return super().construct_mapping(node, deep)
+
         try:
-            values = yaml.safe_load(text) or {}
+            values = yaml.load(text, Loader=UniqueKeyLoader)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
             problem = getattr(error, "problem", None) or " ".join(str(error).split())
             raise ConfigError(f"config: {path} is not valid YAML ({where}{problem}).") from None
+        if values is None:  # nothing but comments or blank lines: not the defaults run by mistake
+            raise ConfigError(f"config: {path} is empty; give its fields (field: value), or leave --config out.")
     if not isinstance(values, dict):
         raise ConfigError(f"config: {path} must hold a mapping of field: value, got {type(values).__name__}.")
     return values

@@ -8,7 +8,8 @@ A name that is not in the registry (:data:`hf_fedflat.data.catalog.DATASETS`) is
 * anything else: ``datasets.load_dataset(name, dataset_config_name)`` (a Hub id, or a folder
   ``load_dataset`` understands).
 
-The training split is ``--train_split`` (default ``train``, or the only split); evaluation uses ``--eval_split``
+The training split is ``--train_split`` (default ``train``, or the only split unless it is named test, validation,
+valid or dev: evaluation rows never train unless named); evaluation uses ``--eval_split``
 (default: ``test``, else ``validation``), or, when the data has none, a ``--test_fraction`` held out from
 training (stratified by the label when it is a ``ClassLabel``).
 
@@ -99,14 +100,22 @@ def _is_saved_dataset(path: str) -> bool:
 
 
 def _data_files(folder: str) -> tuple[str, dict[str, list[str]]] | None:
-    """``(builder, {split: files})`` for a folder of data files named after their split (``train.csv``)."""
+    """``(builder, {split: files})`` for a folder of data files named after their split (``train.csv``).
+
+    An entry named like a data file that is not a file (``train.csv/`` a folder) is refused: skipping it would
+    leave the other splits to train on."""
     files: dict[str, list[str]] = {}
     builders = set()
     for name in sorted(os.listdir(folder)):
         stem, suffix = os.path.splitext(name)
-        if suffix.lower() in FILE_BUILDERS and os.path.isfile(os.path.join(folder, name)):
-            builders.add(FILE_BUILDERS[suffix.lower()])
-            files.setdefault(stem, []).append(os.path.join(folder, name))
+        if suffix.lower() not in FILE_BUILDERS:
+            continue
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise ConfigError(f"dataset_name: {path!r} is a folder, not a data file; put the {stem!r} rows in a "
+                              f"file named {name} there, or remove the folder.")
+        builders.add(FILE_BUILDERS[suffix.lower()])
+        files.setdefault(stem, []).append(path)
     if not files:
         return None
     if len(builders) > 1:
@@ -114,8 +123,37 @@ def _data_files(folder: str) -> tuple[str, dict[str, list[str]]] | None:
     return builders.pop(), files
 
 
-def load_raw_dataset(name_or_path: str, config_name: str | None = None) -> datasets.DatasetDict:
+def _load_files(builder: str, files: dict[str, list[str]], where: str, **options) -> datasets.DatasetDict:
+    """``datasets.load_dataset`` on local files; a file it cannot read or parse (no rows, a malformed line, a
+    row with more cells than the header, no permission) is one :class:`ConfigError` naming ``where`` and why."""
+    for group in files.values():
+        for file in group:
+            if not os.access(file, os.R_OK):
+                raise ConfigError(f"dataset_name: {file!r} is not readable by this user; fix its permissions.")
+            if os.path.getsize(file) == 0:
+                raise ConfigError(f"dataset_name: {file!r} is empty; give it a header and rows.")
+    try:
+        loaded = datasets.load_dataset(builder, data_files=files, **options)
+    except Exception as error:  # DatasetGenerationError, ParserError, ArrowInvalid, UnicodeDecodeError, ...
+        cause = error.__cause__ or error.__context__ or error
+        detail = " ".join(str(cause).split())[:300] or type(cause).__name__
+        raise ConfigError(f"dataset_name: {where!r} could not be read as {builder} ({type(cause).__name__}: "
+                          f"{detail}); fix the file (one header, the same cells in every row, one JSON object "
+                          "per line).") from error
+    for split, rows in loaded.items():
+        if len(rows) == 0:
+            raise ConfigError(f"dataset_name: the {split!r} rows of {where!r} ({', '.join(files[split])}) are "
+                              "empty (a header, or nothing, but no row); add rows.")
+    return loaded
+
+
+def load_raw_dataset(name_or_path: str, config_name: str | None = None, *,
+                     train_split: str = "train") -> datasets.DatasetDict:
     """The dataset as a ``DatasetDict`` (a single ``Dataset`` becomes its ``train`` split); see the module doc.
+
+    In a folder of data files, a file named after an evaluation split (``test``, ``validation``, ``valid``,
+    ``dev``) never becomes training rows: without a ``<train_split>.<ext>`` file it keeps its split's name, and
+    :func:`split_train_eval` refuses the run naming what the folder holds.
 
     Raises:
         ConfigError / DatasetUnavailableError (an ``OSError``): Nothing loadable there; the message says what was
@@ -129,15 +167,21 @@ def load_raw_dataset(name_or_path: str, config_name: str | None = None) -> datas
         if suffix not in FILE_BUILDERS:
             raise ConfigError(f"dataset_name: {path!r} is a {suffix or 'suffix-less'} file; use one of "
                              f"{', '.join(sorted(FILE_BUILDERS))}, a save_to_disk folder or a Hub id.")
-        loaded = datasets.load_dataset(FILE_BUILDERS[suffix], data_files={"train": path},
-                                       **({"delimiter": "\t"} if suffix == ".tsv" else {}))
+        loaded = _load_files(FILE_BUILDERS[suffix], {"train": [path]}, path,
+                             **({"delimiter": "\t"} if suffix == ".tsv" else {}))
     elif os.path.isdir(path) and (found := _data_files(path)) is not None:
         builder, files = found
-        if len(files) > 1 and "train" not in files:  # several files, no train.*: one split of all of them
-            files = {"train": [f for group in files.values() for f in group]}
-        elif len(files) == 1:
-            files = {"train": next(iter(files.values()))} if "train" not in files else files
-        loaded = datasets.load_dataset(builder, data_files=files)
+        if train_split not in files:  # files named after no split (shards): one training split of all of them
+            shards = [f for stem, group in files.items() if stem not in _EVAL_SPLITS for f in group]
+            files = {stem: group for stem, group in files.items() if stem in _EVAL_SPLITS}
+            if not shards:
+                held = ", ".join(os.path.basename(f) for group in files.values() for f in group)
+                raise ConfigError(
+                    f"dataset_name: {path!r} holds {held} and no {train_split}.<ext> file; evaluation rows are never "
+                    f"trained on unless named: add {train_split}.<ext>, or pass --train_split <split> to train on "
+                    "one of these.")
+            files[train_split] = shards
+        loaded = _load_files(builder, files, path)
     else:
         try:
             loaded = datasets.load_dataset(name_or_path, config_name)
@@ -164,8 +208,13 @@ def split_train_eval(
     """``(train, eval, where eval came from)``: the named splits, or ``test_fraction`` held out of ``train``."""
     splits = list(data)
     if train_split not in data:
-        if len(splits) == 1 and train_split == "train":
+        if len(splits) == 1 and train_split == "train" and splits[0] not in _EVAL_SPLITS:
             train_split = splits[0]
+        elif any(name in _EVAL_SPLITS for name in splits):  # evaluation rows train only when named so
+            raise ConfigError(
+                f"train_split: the dataset holds the split(s) {', '.join(splits)} and no {train_split!r} split; "
+                f"evaluation rows are never trained on unless named: add {train_split}.<ext> (or a "
+                f"{train_split!r} split), or pass --train_split <split> to train on one of these.")
         else:
             raise ConfigError(f"train_split: no split {train_split!r} in the dataset (splits: {', '.join(splits)}).")
     if eval_split is not None:
@@ -452,7 +501,8 @@ def load_hf_dataset(data_args: DataArguments, model_args: ModelArguments, seed: 
     if conll is not None:
         raw = conll_dataset(conll)
     else:
-        raw = load_raw_dataset(data_args.dataset_name, data_args.dataset_config_name)
+        raw = load_raw_dataset(data_args.dataset_name, data_args.dataset_config_name,
+                               train_split=data_args.train_split)
     task = _data_task(model_args, raw[next(iter(raw))], data_args)
     if conll is not None and task != "token-classification":
         raise ConfigError(f"task: {data_args.dataset_name!r} holds CoNLL files (words and their tags) but the model "

@@ -91,14 +91,14 @@ def resolve_source(name_or_path: str, data_dir: str | os.PathLike | None) -> tup
     """Return ``(source, is_local)``: ``data_dir`` when given, else ``name_or_path``.
 
     Raises:
-        FileNotFoundError: ``data_dir`` (or a ``name_or_path`` that is clearly a path) does
-            not exist.
+        DatasetUnavailableError: ``data_dir`` does not exist (the command line's one line, exit status 2).
+        FileNotFoundError: a ``name_or_path`` that is clearly a path does not exist.
     """
     if data_dir is not None:
         path = Path(data_dir).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(
-                f"data_dir={str(data_dir)!r} is not an existing folder; pass the folder holding "
+            raise DatasetUnavailableError(
+                f"data_dir: {str(data_dir)!r} is not an existing folder; pass the folder holding "
                 f"the dataset (a save_to_disk folder or an image folder)"
             )
         return str(path), True

@@ -13,8 +13,8 @@ file and the tensor or field) a missing manifest, a file missing from it or not 
 hash that differs, a non-finite tensor, a ``round`` inconsistent with the history, the folder's name or
 the manifest. :meth:`RunCheckpoints.restore` then checks the checkpoint against the run, whatever its manifest
 says: its run id (a checkpoint of another run is refused), the fingerprint (:mod:`.fingerprint`: the run's
-identity never changes; its settings, with :data:`GUARDED_SETTINGS` and ``num_rounds`` below the checkpoint's
-round, only with ``allow_config_change``), and every restored tensor against the run's own template: each
+identity never changes; its settings, with :data:`GUARDED_SETTINGS`, only with ``allow_config_change``; a
+``num_rounds`` below the checkpoint's round never), and every restored tensor against the run's own template: each
 parameter's name, shape and dtype, the server state's keys, shapes and dtypes (those the run's pieces start with),
 every client state's keys, shapes and dtypes (:class:`ClientStateTemplate`: what the run's pieces keep) and the
 client ids. ``resume_from_checkpoint="latest"`` skips a corrupt newest checkpoint (with a warning saying why) and
@@ -41,7 +41,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..io import check_write_path, fsync_dir
+from ..io import DiskFullError, check_write_path, disk_full_error, fsync_dir
 from ..state.store import ClientStateStore, flatten_state, parse_client_file, unflatten_state
 from .fingerprint import identity_names, run_fingerprint
 from .run_folder import holds_run_folder, process_alive
@@ -350,17 +350,30 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_file({k: v.contiguous() for k, v in params.items()}, str(tmp / PARAMS_FILE))
-    save_file(flatten_state(server_state), str(tmp / SERVER_FILE))
-    store.export_to(tmp / CLIENTS_DIR)
-    with open(tmp / STATE_FILE, "w") as handle:
-        json.dump({"format_version": FORMAT_VERSION, "round": round_index, **meta}, handle, indent=2, default=str)
-    write_manifest(tmp, round_index)
-    for dirpath, _, filenames in os.walk(tmp):
-        for name in filenames:
-            with open(os.path.join(dirpath, name), "rb") as handle:
-                os.fsync(handle.fileno())
-        fsync_dir(dirpath)
+    writing = tmp
+    try:
+        writing = tmp / PARAMS_FILE
+        save_file({k: v.contiguous() for k, v in params.items()}, str(writing))
+        writing = tmp / SERVER_FILE
+        save_file(flatten_state(server_state), str(writing))
+        writing = tmp / CLIENTS_DIR
+        store.export_to(writing)
+        writing = tmp / STATE_FILE
+        with open(writing, "w") as handle:
+            json.dump({"format_version": FORMAT_VERSION, "round": round_index, **meta}, handle, indent=2, default=str)
+        writing = tmp / MANIFEST_FILE
+        write_manifest(tmp, round_index)
+        for dirpath, _, filenames in os.walk(tmp):
+            for name in filenames:
+                with open(os.path.join(dirpath, name), "rb") as handle:
+                    os.fsync(handle.fileno())
+            fsync_dir(dirpath)
+    except Exception as error:  # (a kill leaves the folder to recover_interrupted)
+        full = disk_full_error(error, final / writing.relative_to(tmp))
+        if full is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # the room it took back; the earlier checkpoints are intact
+        raise full from error
     if final.exists():  # re-written after a resume: swap, never leave a gap without a checkpoint
         trash = root / f".old-round-{round_index}-{os.getpid()}"
         os.replace(final, trash)
@@ -373,6 +386,23 @@ def save_checkpoint(
         for old in list_checkpoints(root)[:-save_total_limit]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def resume_advice(output_dir: str | os.PathLike) -> str:
+    """What a run that stopped (a full disk) resumes from: its last complete checkpoint, and how."""
+    found = list_checkpoints(Path(output_dir) / "checkpoints")
+    if not found:
+        return ("no checkpoint was saved yet: free space, then run again (save_every_n_rounds keeps the rounds "
+                "trained).")
+    return (f"the last complete checkpoint is {found[-1]} (round {found[-1].name.split('-', 1)[1]}): free space, "
+            "then resume with --resume_from_checkpoint latest.")
+
+
+def advise_resume(error: DiskFullError, output_dir: str | os.PathLike) -> DiskFullError:
+    """``error`` with :func:`resume_advice` added, unless it has its own."""
+    if error.advice is None:
+        error.advice = resume_advice(output_dir)
+    return error
 
 
 def _is_latest(spec: str | bool) -> bool:
@@ -560,7 +590,10 @@ class RunCheckpoints:
         tensors = self.space.named_tensors(weights["params"])
         if weights.get("buffers") is not None:
             tensors.update(self.buffer_space.named_tensors(weights["buffers"]))
-        return save_checkpoint(self.root, round_number, tensors, server_state, store, meta, self.save_total_limit)
+        try:
+            return save_checkpoint(self.root, round_number, tensors, server_state, store, meta, self.save_total_limit)
+        except DiskFullError as full:  # the earlier checkpoints are intact: say which one to resume
+            raise advise_resume(full, self.args.output_dir)
 
     def restore(self, spec: str | bool, store: ClientStateStore, dtype: torch.dtype,
                 server_state_template: dict | None = None,
@@ -685,9 +718,15 @@ class RunCheckpoints:
 
     def _check_settings(self, checkpoint: Checkpoint) -> list[dict]:
         """The settings that differ from the checkpoint's (:data:`GUARDED_SETTINGS`, the fingerprint's settings
-        tier, ``num_rounds`` below the checkpoint's round): refused naming each, or (``allow_config_change``)
-        logged and returned to be recorded."""
+        tier): refused naming each, or (``allow_config_change``) logged and returned to be recorded. ``num_rounds``
+        below the checkpoint's round is refused whatever ``allow_config_change`` says."""
         saved, now, path = checkpoint.meta["settings"], run_settings(self.args), checkpoint.path
+        if checkpoint.round > self.args.num_rounds:  # not a setting to change: those rounds are trained and recorded
+            raise CheckpointError(
+                f"num_rounds: the checkpoint {path} has completed {checkpoint.round} rounds, more than "
+                f"num_rounds={self.args.num_rounds}; a run cannot end before a round it has trained. Resume with "
+                f"--num_rounds {checkpoint.round} or more, or resume the round-{self.args.num_rounds} checkpoint "
+                "(if kept) to end there.")
         changes, reasons = [], []
         for name in GUARDED_SETTINGS:
             if name not in saved:
@@ -702,11 +741,6 @@ class RunCheckpoints:
                 changes.append({"field": name, "checkpoint": recorded[name], "run": value})
                 reasons.append(f"{name}: the checkpoint {path} was made with {name}={recorded[name]!r}, this run has "
                                f"{value!r}")
-        if checkpoint.round > self.args.num_rounds:
-            changes.append({"field": "num_rounds", "checkpoint": checkpoint.round, "run": self.args.num_rounds})
-            reasons.append(f"num_rounds: the checkpoint {path} has completed {checkpoint.round} rounds, more than "
-                           f"num_rounds={self.args.num_rounds} (nothing would train; its model would be saved as "
-                           "final)")
         if not changes:
             return []
         if not getattr(self.args, "allow_config_change", False):

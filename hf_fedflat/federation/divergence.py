@@ -7,13 +7,16 @@ NaN or Inf, or exceeds
 
     divergence_factor * max(1, initial loss)
 
-stops the run as failed (:class:`~.outcome.TrainingFailedError`: exit status 3, the reason in ``run_status.json``,
-the last ``history.json`` record and the log; no ``final_model/``, and that round is not checkpointed, so the last
-checkpoint is the last round before it). The default factor, 1000, is far above what a normal run does: a
+stops the run as failed, and so does a round whose eval loss (the new global model's, when the round evaluates)
+is: a server step (FedAdam's ``server_learning_rate``) can blow up a model whose clients trained well. Either
+way (:class:`~.outcome.TrainingFailedError`: exit status 3, the reason in ``run_status.json``, the last
+``history.json`` record and the log; no ``final_model/``, and that round is not checkpointed, so the last checkpoint
+is the last round before it). The default factor, 1000, is far above what a normal run does: a
 cross-entropy loss starts near ``ln(classes)`` and a run that learns keeps its loss below it; a loss 1000 times the
 initial one (or 1000 when the initial loss is below 1) means the weights blew up (a learning rate far too high, a
 bad schedule). ``divergence_factor`` 0 or None turns the check off. The reference is saved with every checkpoint, so
-a resumed run keeps the bound it started with.
+a resumed run keeps the bound it started with; a resume from a checkpoint without one (the run started with the
+check off) measures it on the initial model, as a fresh run does.
 """
 
 from __future__ import annotations
@@ -88,19 +91,25 @@ class DivergenceGuard:
                     "?" if loss is None else f"{loss:.4g}", len(indices))
 
     def check(self, record: dict[str, Any]) -> str | None:
-        """Why the round of ``record`` diverged, or None."""
-        loss = record.get("train_loss")
-        if not self.enabled or loss is None:
+        """Why the round of ``record`` diverged, or None: its train loss (the clients'), then its eval loss (the
+        new global model's: a server step can blow up a model its clients trained well)."""
+        if not self.enabled:
             return None
         round_number = record.get("round")
-        if not math.isfinite(loss):
-            return (f"Diverged: round {round_number}'s train loss is {loss} (not finite). Lower learning_rate (or "
-                    "check the data and the schedule); divergence_factor 0 turns this check off.")
-        bound = self.bound
-        if bound is not None and loss > bound:
-            initial = self.reference.get("initial_loss")
-            initial = "?" if initial is None else f"{initial:.4g}"
-            return (f"Diverged: round {round_number}'s train loss {loss:.4g} exceeds {bound:.4g} (divergence_factor "
-                    f"{self.factor:g} x max(1, the initial model's loss {initial} on {self.reference['rows']} "
-                    "training rows)). Lower learning_rate, or raise divergence_factor (0 turns the check off).")
+        for kind, key in (("train", "train_loss"), ("eval", "eval_loss")):
+            loss = record.get(key)
+            if not isinstance(loss, (int, float)):
+                continue
+            if not math.isfinite(loss):
+                return (f"Diverged: round {round_number}'s {kind} loss is {loss} (not finite). Lower learning_rate "
+                        "(or server_learning_rate; check the data and the schedule); divergence_factor 0 turns this "
+                        "check off.")
+            bound = self.bound
+            if bound is not None and loss > bound:
+                initial = self.reference.get("initial_loss")
+                initial = "?" if initial is None else f"{initial:.4g}"
+                return (f"Diverged: round {round_number}'s {kind} loss {loss:.4g} exceeds {bound:.4g} "
+                        f"(divergence_factor {self.factor:g} x max(1, the initial model's loss {initial} on "
+                        f"{self.reference['rows']} training rows)). Lower learning_rate (or server_learning_rate), "
+                        "or raise divergence_factor (0 turns the check off).")
         return None

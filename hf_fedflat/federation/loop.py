@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..io import RecordLog
+from ..io import DiskFullError, RecordLog
 from ..runtime.vectors import recycle_vectors
+from .checkpoint import advise_resume
 from .load_balance import assign_to_processes
 from .outcome import FederatedTrainOutput, TrainingFailedError, untrained_reason, write_run_status
 from .parent import ParentWatch
@@ -63,15 +64,25 @@ def run_rounds(trainer, resume=None) -> FederatedTrainOutput:
     # model-sized vectors (weights, updates, directions) reuse their memory from client to client
     with recycle_vectors(space.numel, space.dtype, space.device):
         try:
-            return _run(trainer, resume, history_file)
-        finally:
-            history_file.flush()
+            output = _run(trainer, resume, history_file)
+        except BaseException as error:
+            try:
+                history_file.flush()
+            except OSError as failure:  # (a full disk): the error that stopped the run is the one to report
+                logger.warning("Could not write the pending history.json records: %s", failure)
+            if isinstance(error, DiskFullError):  # whichever write it was: the checkpoint to resume from
+                advise_resume(error, trainer.args.output_dir)
+            raise
+        history_file.flush()
+        return output
 
 
 def _run(trainer, resume, history_file) -> FederatedTrainOutput:
     args, comm, strategy = trainer.args, trainer.comm, trainer.strategy
     start_round, wall_offset = _start(trainer, resume) if comm.is_main else (0, 0.0)
     start_round = comm.broadcast_object(start_round)
+    if resume and comm.is_main:  # the restored history, with the changes the resume accepted, is the run's from now
+        history_file.write(trainer.history, force=True)
     reporter = RoundReporter(args, trainer.model) if comm.is_main else None
     progress = tqdm(total=args.num_rounds, initial=start_round, desc="rounds", dynamic_ncols=True,
                     disable=not comm.is_main or args.disable_tqdm)
@@ -144,6 +155,8 @@ def _start(trainer, resume) -> tuple[int, float]:
             checkpoints.run_id = restored.run_id
         trainer.history = restored.history
         trainer.divergence.reference = restored.divergence_reference
+        if trainer.divergence.reference is None:  # started with the check off: the resumed run keeps the guard
+            trainer.divergence.measure(trainer, initial["params"], initial.get("buffers"))
     else:
         trainer.store.clear()  # nothing of an earlier run's client states (a spilled store's folder) is used
         trainer.divergence.measure(trainer, initial["params"], initial.get("buffers"))
@@ -265,15 +278,40 @@ def _finish(trainer, reporter) -> FederatedTrainOutput:
     final = comm.broadcast_tensors(trainer.strategy.evaluation_model() if comm.is_main else None)
     params = final["params"]
     trainer.load_weights(params, final.get("buffers"))
+    not_learned = None
     if comm.is_main:
         reporter.close()
         trainer.diagnostics.finish(trainer.client_trainer, params)
+        trainer.learning_check = _learning_check(trainer)
         final_dir = trainer.save_model(os.path.join(trainer.args.output_dir, "final_model"))
-        write_run_status(trainer.args.output_dir, trainer.history, "completed", None, final_dir,
-                         trainer.run_folder.status_fields())
+        fields = {**trainer.run_folder.status_fields(), "learning_check": trainer.learning_check}
+        if trainer.learning_check and not trainer.learning_check["learned"]:
+            logger.warning("%s", trainer.learning_check["reason"])
+            if getattr(trainer.args, "fail_if_not_learned", False):
+                not_learned = trainer.learning_check["reason"]
+        status = write_run_status(trainer.args.output_dir, trainer.history, "failed" if not_learned else "completed",
+                                  not_learned, final_dir, fields)
         trainer.call_callbacks("on_train_end", trainer.history, final_model_dir=final_dir)
+    not_learned = comm.broadcast_object(not_learned) if comm.distributed else not_learned
     comm.barrier()
-    return FederatedTrainOutput(params=params, history=trainer.history, final_model_dir=final_dir)
+    output = FederatedTrainOutput(params=params, history=trainer.history, final_model_dir=final_dir)
+    if not_learned is not None:  # (fail_if_not_learned) the final model is kept: nothing trained is lost
+        raise TrainingFailedError(not_learned, output, status if comm.is_main else None)
+    return output
+
+
+def _learning_check(trainer) -> dict | None:
+    """:func:`~.outcome.learning_check` of the run: the majority class's share of the training rows (from the
+    partition's label counts) and the initial model's loss (the divergence reference)."""
+    from .outcome import learning_check
+
+    counts = getattr(getattr(trainer, "partition", None), "label_counts", None)
+    share = None
+    if counts is not None and np.asarray(counts).ndim == 2 and np.asarray(counts).shape[1] > 1:
+        totals = np.asarray(counts).sum(axis=0)
+        share = float(totals.max() / totals.sum()) if totals.sum() > 0 else None
+    reference = trainer.divergence.reference or {}
+    return learning_check(trainer.history, majority_share=share, initial_loss=reference.get("initial_loss"))
 
 
 def _fail(trainer, reporter, reason: str) -> None:

@@ -60,6 +60,48 @@ class TrainingFailedError(RuntimeError):
         self.reason, self.output, self.status = reason, output, status or {}
 
 
+#: a final accuracy within this of the majority class's share, or a final eval loss above this fraction of the
+#: initial model's loss, is a model that did not learn
+CHANCE_ACCURACY_MARGIN = 0.01
+STALLED_LOSS_FRACTION = 0.99
+
+
+def learning_check(history: list[dict], *, majority_share: float | None, initial_loss: float | None) -> dict | None:
+    """Whether the final global model learned: its last ``eval_accuracy`` against the chance level (predicting the
+    majority class of the training rows always) and its last ``eval_loss`` against the initial model's loss (the
+    divergence reference, :mod:`.divergence`). None when the run evaluated nothing to compare.
+
+    Returns:
+        ``{"learned": bool, "reason": str | None, "eval_accuracy", "majority_class_share", "eval_loss",
+        "initial_loss"}`` (the numbers that were compared).
+    """
+    last = next((r for r in reversed(history) if "eval_accuracy" in r or "eval_loss" in r), None)
+    if last is None:
+        return None
+    accuracy, loss = last.get("eval_accuracy"), last.get("eval_loss")
+    check = {"learned": True, "reason": None, "round": last.get("round"), "eval_accuracy": accuracy,
+             "majority_class_share": majority_share, "eval_loss": loss, "initial_loss": initial_loss}
+    compared = False
+    if isinstance(accuracy, (int, float)) and majority_share is not None:
+        compared = True
+        if accuracy <= majority_share + CHANCE_ACCURACY_MARGIN:
+            check.update(learned=False, reason=(
+                f"round {last.get('round')}'s eval_accuracy {accuracy:.4g} is at the chance level (always "
+                f"predicting the majority class of the training rows scores {majority_share:.4g})"))
+    if check["learned"] and isinstance(loss, (int, float)) and initial_loss:
+        compared = True
+        if not loss < STALLED_LOSS_FRACTION * initial_loss:  # (NaN included)
+            check.update(learned=False, reason=(
+                f"round {last.get('round')}'s eval_loss {loss:.4g} is not below the initial model's loss "
+                f"{initial_loss:.4g}"))
+    if not compared:
+        return None
+    if not check["learned"]:
+        check["reason"] = (f"The model did not learn: {check['reason']}. Check learning_rate (too high ends at "
+                           "chance, too low stalls), rho and the data; fail_if_not_learned true makes this a failure.")
+    return check
+
+
 def untrained_reason(history: list[dict]) -> str | None:
     """Why the run's model is not a trained one (no round aggregated any client), or None."""
     if any(record.get("num_clients", 0) > 0 for record in history):

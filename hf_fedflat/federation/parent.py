@@ -34,7 +34,10 @@ def watch_requested(environ=os.environ) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     if value != "auto":
-        raise ValueError(f"{ENV}: expected auto, 1 or 0, got {value!r}.")
+        from ..field_checks import ConfigError
+
+        raise ConfigError(f"{ENV}: expected auto, 1 or 0 (or true/false, yes/no, on/off), got {value!r}; set one of "
+                          "these, or unset it.")
     return any(name in environ for name in LAUNCHER_ENV)
 
 

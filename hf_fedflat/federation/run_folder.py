@@ -7,14 +7,19 @@ case), on the main process only; the other processes of a multi-process run rece
    the operating system when the process dies (a ``SIGKILL`` included). The file records the holder: pid, host,
    start time and run id. A second run into a held folder is refused (:class:`RunFolderError`, naming the
    holder) at once, whatever it was asked to do.
-2. **Another run's files.** A folder holding a run's checkpoints, final model, history or status
+2. **Entries of the wrong kind.** A file where the run keeps a folder (``checkpoints``, ``final_model``,
+   ``client_state_dir``) or a folder where it writes a file (``run.lock``, ``run_status.json``, ``history.json``)
+   is refused naming it, before anything is written (found at the first save, it would lose the rounds before).
+   A resume from another folder's checkpoint into a folder holding checkpoints of another run is refused (the run
+   ids are read from the checkpoints, so a folder without ``run_status.json`` is checked too).
+3. **Another run's files.** A folder holding a run's checkpoints, final model, history or status
    (:data:`RUN_OUTPUTS`) is refused unless the new run resumes it (``resume_from_checkpoint``) or replaces it
    (``overwrite_output_dir``: the old run's outputs, :data:`RUN_ENTRIES` minus the inputs kept, are deleted
    before the new run writes; files that are not a run's stay).
-3. **The run id.** A new run draws one; a resumed run keeps the folder's (recorded in ``run_status.json``). It is
+4. **The run id.** A new run draws one; a resumed run keeps the folder's (recorded in ``run_status.json``). It is
    written into the lock file, ``run_status.json``, every checkpoint and ``final_model/federated_config.json``; a
    resume refuses a checkpoint of another run (:mod:`.checkpoint`).
-4. **The status.** ``run_status.json`` says ``running`` from the moment the lock is held
+5. **The status.** ``run_status.json`` says ``running`` from the moment the lock is held
    (:func:`~.outcome.write_run_status` writes the end: ``completed``, ``failed`` or ``interrupted``). A run
    refused before its first round (bad input) puts the folder's previous status back, so that a refusal leaves
    the folder as it found it.
@@ -39,10 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write_json, check_write_path, refuse_symlinks_in
+from ..io import atomic_write_json, check_write_path, refuse_symlinks_in, restore_interrupted_dir
 
-__all__ = ["LOCK_FILE", "RUN_OUTPUTS", "RunFolder", "RunFolderError", "abandon_run_folder", "adopt_run_id",
-           "claim_run_folder", "claimed_run_folder", "describe_run_outputs", "held_run_folder", "holds_run_folder",
+__all__ = ["FOLDER_ENTRIES", "LOCK_FILE", "RUN_OUTPUTS", "RunFolder", "RunFolderError", "abandon_run_folder",
+           "adopt_run_id", "check_entry_kinds", "check_foreign_resume", "claim_run_folder", "claimed_run_folder", "describe_run_outputs", "held_run_folder", "holds_run_folder",
            "process_alive", "read_holder", "release_run_folder"]
 
 logger = logging.getLogger(__name__)
@@ -190,6 +195,81 @@ def _remove_outputs(root: Path) -> list[str]:
     return removed
 
 
+#: the run's entries of ``output_dir`` that are folders; the others (:data:`~.reporting.RUN_ENTRIES`) are files
+FOLDER_ENTRIES = ("final_model", "checkpoints", "client_states", "client_states_gossip_staging", "runs", "smoke_data",
+                  "smoke_assets")
+
+
+def check_entry_kinds(args) -> None:
+    """Refuse, before the run writes anything, an entry of ``output_dir`` of the wrong kind: a file where the run
+    keeps a folder (``checkpoints``, ``final_model``, ``client_state_dir``), a folder where it writes a file
+    (``run.lock``, ``run_status.json``, ``history.json``, ...), or an ``output_dir`` that is a file. Found only at
+    the first save, such an entry would lose the rounds trained before it."""
+    from .reporting import RUN_ENTRIES
+
+    root = Path(os.path.abspath(os.fspath(args.output_dir)))
+    if root.exists() and not root.is_dir():
+        raise RunFolderError(f"output_dir: {root} exists and is not a folder; pass a folder (it is created if "
+                             "missing).")
+    for parent in root.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise RunFolderError(f"output_dir: {parent}, above {root}, is a file; name a folder path.")
+            break
+    state_dir = getattr(args, "client_state_dir", None)
+    folders = [root / name for name in FOLDER_ENTRIES]
+    if state_dir:
+        state_dir = Path(os.path.abspath(state_dir))
+        if state_dir.exists() and not state_dir.is_dir():
+            raise RunFolderError(f"client_state_dir: {state_dir} is a file; name a folder (new or existing) for the "
+                                 "clients' states.")
+        folders += [state_dir.with_name(state_dir.name + "_gossip_staging")]
+    for path in folders:
+        if path.exists() and not path.is_dir():
+            raise RunFolderError(f"output_dir: {path} is a file where the run keeps its {path.name}/ folder; move "
+                                 "or delete it (or choose another output_dir).")
+    for name in RUN_ENTRIES:
+        path = root / name
+        if name not in FOLDER_ENTRIES and path.is_dir() and not path.is_symlink():
+            raise RunFolderError(f"output_dir: {path} is a folder where the run writes its {name} file; move or "
+                                 "delete it (or choose another output_dir).")
+
+
+def _checkpoint_run_id(path: Path) -> str | None:
+    """The run id a checkpoint folder records (None when it records none or cannot be read: its resume says why)."""
+    try:
+        value = json.loads((path / "federated_state.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def check_foreign_resume(output_dir: str | os.PathLike, resume) -> None:
+    """A resume from another folder's checkpoint into ``output_dir`` that holds checkpoints of a different run is
+    refused (it would overwrite them and leave two runs' files in one folder); the run ids come from the
+    checkpoints themselves, so a folder without ``run_status.json`` is checked too."""
+    if not resume or _resumes_inside(resume, os.fspath(output_dir)):
+        return
+    try:  # a run id recorded in run_status.json: the resume's own run-id check refuses another run's checkpoint
+        if json.loads((Path(output_dir) / "run_status.json").read_text()).get("run_id"):
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    source = _checkpoint_run_id(Path(os.fspath(resume)))
+    if source is None:
+        return
+    own = Path(output_dir) / "checkpoints"
+    if not own.is_dir():
+        return
+    for name in sorted(os.listdir(own)):
+        found = _checkpoint_run_id(own / name) if name.startswith("round-") else None
+        if found is not None and found != source:
+            raise RunFolderError(
+                f"resume_from_checkpoint: {resume} belongs to run {source}, but {output_dir} holds checkpoints of "
+                f"run {found} ({name}); resume into an empty output_dir (or that run's own folder), or resume "
+                f"{output_dir}'s own run with --resume_from_checkpoint latest.")
+
+
 def _new_run_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -231,9 +311,12 @@ def _claim(args, resume) -> RunFolder:
     # it (CorruptCheckpointError, naming the file), and by the run's own check at its start
     refuse_symlinks_in(root, [entry for entry in run_entries(args) if entry != "checkpoints"])
     check_write_path(root / "checkpoints", root)
+    check_entry_kinds(args)
+    check_foreign_resume(output_dir, resume)
     root.mkdir(parents=True, exist_ok=True)
     fd = _lock(root)
     try:
+        restore_interrupted_dir(root / "final_model")  # a final save killed between its two renames
         overwrite = bool(getattr(args, "overwrite_output_dir", False))
         found = describe_run_outputs(root)
         if overwrite and resume and _resumes_inside(resume, output_dir):

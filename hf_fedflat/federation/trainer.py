@@ -22,7 +22,7 @@ from ..callbacks import FederatedCallback
 from ..config import FedTrainingArguments
 from ..diagnostics import RunDiagnostics
 from ..hub.push import HubPushCallback, ModelCardCallback
-from ..io import atomic_save_safetensors, atomic_write_json, atomic_write_text
+from ..io import atomic_save_safetensors, atomic_write_json, atomic_write_text, disk_full_error
 from ..metrics import accuracy_metrics
 from ..runtime.fast_trainer import client_trainer_class
 from ..state import create_client_state_store
@@ -35,6 +35,7 @@ from .fingerprint import model_fingerprint, partition_fingerprint
 from .load_balance import ClientCostModel
 from .loop import LaunchProcesses, run_rounds
 from .outcome import FederatedTrainOutput, TrainingFailedError, write_run_status
+from .parent import watch_requested
 from .reporting import PartitionFilesCallback
 from .run_folder import abandon_run_folder, claim_run_folder, release_run_folder
 from .start_summary import StartSummaryCallback
@@ -200,6 +201,8 @@ class FederatedTrainer(TrainerAPI):
         self.failure_policy = FailurePolicy(args.max_consecutive_failed_rounds)
         #: a round whose train loss is NaN/Inf or far above the initial one fails the run (federation.divergence)
         self.divergence = DivergenceGuard(getattr(args, "divergence_factor", None))
+        #: whether the final model learned (:func:`~.outcome.learning_check`), set at the end of the run
+        self.learning_check: dict | None = None
         #: the claimed output_dir (federation.run_folder): set by train()
         self.run_folder = None
         #: further values a resume must match, and those of them that are settings (hf-fedflat train: its data,
@@ -268,6 +271,7 @@ class FederatedTrainer(TrainerAPI):
         # the folder is this run's until it ends: locked, checked, run_status.json "running" (federation.run_folder)
         folder = self.run_folder = claim_run_folder(self.args, resume, self.comm)
         try:
+            watch_requested()  # a bad HF_FEDFLAT_EXIT_WITH_PARENT: refused before round 1, the folder left as it was
             with _sigterm_as_exit():
                 output = run_rounds(self, resume)
         except TrainingFailedError as failed:
@@ -325,13 +329,20 @@ class FederatedTrainer(TrainerAPI):
     def _write_model_files(self, directory: str) -> None:
         from ..models.lora import is_peft_model, save_federated_model
 
-        if is_peft_model(self.model):
-            save_federated_model(self.model, directory, lora_save=self.lora_save)
-        elif hasattr(self.model, "save_pretrained"):
-            self.model.save_pretrained(directory)
-        else:
-            atomic_save_safetensors({k: v.contiguous() for k, v in self.model.state_dict().items()},
-                                    os.path.join(directory, "model.safetensors"))
+        weights = os.path.join(directory, "adapter_model.safetensors" if is_peft_model(self.model)
+                               else "model.safetensors")
+        try:
+            if is_peft_model(self.model):
+                save_federated_model(self.model, directory, lora_save=self.lora_save)
+            elif hasattr(self.model, "save_pretrained"):
+                self.model.save_pretrained(directory)
+            else:
+                atomic_save_safetensors({k: v.contiguous() for k, v in self.model.state_dict().items()}, weights)
+        except Exception as error:  # a full disk: named as the weights file (safetensors' error names none)
+            full = disk_full_error(error, weights)
+            if full is None:
+                raise
+            raise full from error
         from ..models.artifacts import complete_model_folder  # tokenizer/processor saved; timm layout for timm models
 
         complete_model_folder(directory, processing_class=getattr(self.client_trainer, "processing_class", None),

@@ -615,6 +615,7 @@ def build_model_card(
     max_table_rows: int = 20,
     lora: Any = None,
     run_config: str | None = None,
+    learning_check: Mapping[str, Any] | None = None,
 ) -> ModelCard:
     """Build the card of a federated run (nothing is read from disk except a history/partition path).
 
@@ -644,6 +645,8 @@ def build_model_card(
             ``adapter_config.json``'s mapping or a run config).
         run_config: the name of the file beside the card that reruns the run (``run_config.yaml``), when there is
             one; the "Reproduce" section points to it.
+        learning_check: :func:`hf_fedflat.federation.outcome.learning_check` of the run; a model that did not
+            learn says so in bold in the introduction.
 
     The metrics are those the history records (every ``eval_*`` key), "best" by the task's primary metric
     (:func:`primary_metric`); a column or plot only for what was recorded.
@@ -705,6 +708,8 @@ def build_model_card(
         intro += f" Training started from [`{base_model}`](https://huggingface.co/{base_model})."
     if rounds is not None and records and len(records) < int(rounds):
         intro += f" **Training in progress: {len(records)} of {rounds} rounds done.**"
+    if learning_check and not learning_check.get("learned", True):  # (federation.outcome.learning_check)
+        intro += f" **{learning_check['reason'].split('. Check')[0]}.**"
     sections = [f"# {name}", "", intro, "", "## Federated set-up", "",
                 _table(("setting", "value"), _setup_rows(args, info, partition, records, task, lora))]
 
@@ -904,6 +909,7 @@ def card_inputs_from_trainer(trainer) -> dict[str, Any]:
         "algorithm": trainer.algorithm.describe(),
         "partition": trainer.partition,
         "model_config": model_config,
+        "learning_check": getattr(trainer, "learning_check", None),
     }
     peft_config = getattr(trainer.model, "peft_config", None)
     if isinstance(peft_config, Mapping) and peft_config:

@@ -233,6 +233,10 @@ def load_model(
             another run's weights copied in), naming the file.
     """
     path = os.fspath(path)
+    if not os.path.lexists(path):  # a final save killed while it replaced the folder: the previous one, put back
+        from ..io import restore_interrupted_dir
+
+        restore_interrupted_dir(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path!r} is not a directory saved with save_pretrained")
     if verify:

@@ -3,6 +3,7 @@ a bug keeps its traceback; a token given as a flag is warned about and never log
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -97,3 +98,75 @@ def test_the_cli_exits_non_zero_and_warns_about_a_token_flag(tmp_path, caplog):
     status = json.loads((out / "run_status.json").read_text())
     assert status["status"] == "failed" and "exceeds max_update_norm=1e-12" in status["reason"]
     assert not (out / "final_model").exists()
+
+
+# --- a full disk: one line naming the file, the last complete checkpoint and how to resume; status 4 -------------
+#: a digits run whose checkpoints hold global_params.safetensors (755,912 bytes) and whose final model holds
+#: model.safetensors (32 bytes of metadata more)
+DIGITS_RUN = ["--dataset_name", "digits", "--image_size", "8", "--num_clients", "4", "--clients_per_round", "2",
+              "--local_steps", "1", "--save_every_n_rounds", "1", "--disable_tqdm", "true", "--report_to", "none",
+              "--use_cpu", "true"]
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """Files this process writes cannot grow past ``limit`` bytes (RLIMIT_FSIZE's soft limit: the kernel fails the
+    write with EFBIG, a real limit on what reaches the disk; SIGXFSZ ignored, as a full disk sends none)."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def train(out, *flags, limit: int | None = None) -> int:
+    with file_size_limit(limit) if limit else contextlib.nullcontext():
+        return cli.main(["train", *DIGITS_RUN, "--output_dir", str(out), *flags])
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    errors = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and "%|" not in line]  # (bars)
+    assert "Traceback" not in err and len(errors) == 1, err[-3000:]
+    return errors[0]
+
+
+def test_a_full_disk_at_the_final_save_names_the_file_and_the_checkpoint_to_resume(tmp_path, capsys):
+    from hf_fedflat.cli.exit_codes import EXIT_DISK_FULL
+    from hf_fedflat.io import verify_complete_dir
+
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert train(out, "--num_rounds", "2", limit=755_920) == EXIT_DISK_FULL
+    assert one_error_line(capsys) == (
+        f"hf-fedflat train: error: {out}/final_model/model.safetensors: no room left to write it (File too large); "
+        f"the last complete checkpoint is {out}/checkpoints/round-2 (round 2): free space, then resume with "
+        "--resume_from_checkpoint latest.")
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith((".final", "final"))) == []
+    assert json.loads((out / "run_status.json").read_text())["status"] == "interrupted"
+    # nothing trained is lost: the resume saves round 2's model as the final one, training nothing again
+    assert train(out, "--num_rounds", "2", "--resume_from_checkpoint", "latest") == 0
+    assert len(json.loads((out / "history.json").read_text())) == 2
+    verify_complete_dir(out / "final_model")
+
+
+def test_a_full_disk_at_a_checkpoint_keeps_the_earlier_ones(tmp_path, capsys):
+    from hf_fedflat.cli.exit_codes import EXIT_DISK_FULL
+    from hf_fedflat.federation.checkpoint import verify_files
+
+    out = tmp_path / "run"
+    assert train(out, "--num_rounds", "1") == 0
+    capsys.readouterr()
+    assert train(out, "--num_rounds", "3", "--resume_from_checkpoint", "latest", limit=700_000) == EXIT_DISK_FULL
+    assert one_error_line(capsys) == (
+        f"hf-fedflat train: error: {out}/checkpoints/round-2/global_params.safetensors: no room left to write it "
+        f"(File too large); the last complete checkpoint is {out}/checkpoints/round-1 (round 1): free space, then "
+        "resume with --resume_from_checkpoint latest.")
+    assert sorted(os.listdir(out / "checkpoints")) == ["round-1"]  # no partial round-2 left taking room
+    verify_files(out / "checkpoints" / "round-1")

@@ -1,11 +1,13 @@
 """Instruction and plain-text data for a causal LM (``hf_fedflat.data.hf_datasets``): the response-only labels,
-the templated prompt masked exactly, plain text trained on every token."""
+the templated prompt masked exactly, plain text trained on every token; evaluation splits never train unless named."""
 
 from __future__ import annotations
 
 import datasets
+import pytest
 
-from hf_fedflat.data.hf_datasets import build_instruction_features, tokenize_instructions
+from hf_fedflat.field_checks import ConfigError
+from hf_fedflat.data.hf_datasets import build_instruction_features, split_train_eval, tokenize_instructions
 from hf_fedflat.data.tiny_text import train_word_tokenizer
 
 
@@ -50,3 +52,21 @@ def test_plain_text_for_a_causal_lm_trains_on_every_token():
     first = out[0]
     assert first["input_ids"] == tokenizer("the movie was great")["input_ids"] + [tokenizer.eos_token_id]
     assert first["labels"] == first["input_ids"] and len(out[1]["input_ids"]) == 8
+
+
+@pytest.mark.parametrize("splits, message", [
+    (["test"], "train_split: the dataset holds the split(s) test and no 'train' split;"),
+    (["validation", "test"], "train_split: the dataset holds the split(s) validation, test and no 'train' split;"),
+])
+def test_a_dataset_of_evaluation_splits_alone_is_never_trained_on(splits, message):
+    data = datasets.DatasetDict({name: datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]})
+                                 for name in splits})
+    with pytest.raises(ConfigError) as refused:
+        split_train_eval(data)
+    assert str(refused.value).startswith(message)
+
+
+def test_the_only_split_trains_when_it_is_not_an_evaluation_split():
+    data = datasets.DatasetDict({"reviews": datasets.Dataset.from_dict({"text": list("abcdefghij"), "label": [0] * 10})})
+    train, held, source = split_train_eval(data, test_fraction=0.2, seed=0)
+    assert (len(train), len(held), source) == (8, 2, "0.2 of 'reviews' held out (seed 0)")

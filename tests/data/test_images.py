@@ -67,7 +67,7 @@ def test_unreachable_hub_name_says_pass_data_dir(tmp_path, load, name):
 
 
 def test_missing_local_folder(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data_dir="):
+    with pytest.raises(DatasetUnavailableError, match="^data_dir: '.*nope' is not an existing folder"):
         load_cifar(data_dir=tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="name_or_path="):
         load_domain_dataset(str(tmp_path / "nope"))

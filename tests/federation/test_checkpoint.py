@@ -311,8 +311,6 @@ def test_a_settings_mismatch_is_not_skipped_by_latest(tmp_path, sources):
 
 # --- settings a resume changes only explicitly ------------------------------------------------------------
 GUARDED = [
-    ("num_rounds below the checkpoint's round", dict(num_rounds=2), "round-3",
-     r"num_rounds: the checkpoint .*round-3 has completed 3 rounds, more than num_rounds=2"),
     ("learning_rate", dict(learning_rate=0.05), "round-2",
      r"learning_rate: the checkpoint .*round-2 was made with learning_rate=0\.1, this run has 0\.05"),
     ("clients_per_round", dict(clients_per_round=2), "round-2",
@@ -353,13 +351,29 @@ def test_allowed_learning_rate_change_is_applied_and_recorded(tmp_path, sources,
     assert [r["round"] for r in again.history] == [1, 2, 3]
 
 
-def test_allowed_num_rounds_below_the_round_trains_nothing_and_keeps_the_checkpoint_model(tmp_path, sources):
+@pytest.mark.parametrize("allow_config_change", [False, True])
+def test_num_rounds_below_the_checkpoint_s_round_is_refused_even_with_allow_config_change(tmp_path, sources,
+                                                                                         allow_config_change):
     run_dir = copy_run(sources["scaffold"], tmp_path)
-    output = make_trainer(run_dir, num_rounds=2, allow_config_change=True).train(resume_from_checkpoint="latest")
-    torch.testing.assert_close(output.params, sources["scaffold"].params, rtol=0, atol=0)
-    assert [r["round"] for r in output.history] == [1, 2, 3]
-    assert output.history[-1]["config_changes"] == [
-        {"field": "num_rounds", "checkpoint": 3, "run": 2, "resumed_after_round": 3}]
+    files = lambda: {k: v for k, v in snapshot(run_dir).items() if k != "run.lock"}  # noqa: E731 (the holder)
+    before = files()
+    with pytest.raises(CheckpointError) as refused:
+        make_trainer(run_dir, num_rounds=2, allow_config_change=allow_config_change).train(
+            resume_from_checkpoint="latest")
+    assert str(refused.value) == (
+        f"num_rounds: the checkpoint {run_dir / 'checkpoints' / 'round-3'} has completed 3 rounds, more than "
+        "num_rounds=2; a run cannot end before a round it has trained. Resume with --num_rounds 3 or more, or resume "
+        "the round-2 checkpoint (if kept) to end there.")
+    assert files() == before  # the run's files as they were: history, status, final model, checkpoints
+
+
+def test_an_accepted_change_is_in_history_json_even_when_no_round_follows(tmp_path, sources):
+    run_dir = copy_run(sources["scaffold"], tmp_path)
+    make_trainer(run_dir, learning_rate=0.05, allow_config_change=True).train(resume_from_checkpoint="latest")
+    history = json.loads((run_dir / "history.json").read_text())
+    assert [r["round"] for r in history] == [1, 2, 3]
+    assert history[-1]["config_changes"] == [
+        {"field": "learning_rate", "checkpoint": 0.1, "run": 0.05, "resumed_after_round": 3}]
 
 
 def test_raising_num_rounds_extends_a_run_without_allow_config_change(tmp_path, sources):

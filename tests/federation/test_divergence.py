@@ -117,3 +117,35 @@ def test_the_command_line_exits_3_without_a_final_model(tmp_path, capsys):
     assert "Training failed: Diverged: round 1's train loss" in capsys.readouterr().err
     assert not (folder / "final_model").exists()
     assert json.loads((folder / "run_status.json").read_text())["status"] == "failed"
+
+
+def test_a_round_whose_new_global_model_diverged_is_not_checkpointed(tmp_path):
+    """FedAdam with server_learning_rate 1e4: the clients' train loss is fine, the aggregated model's eval loss is
+    not; the run fails at that round and keeps no checkpoint of it (a resume would start from a blown-up model)."""
+    with pytest.raises(TrainingFailedError) as failed:
+        run(tmp_path, fed_algorithm="fedadam", server_learning_rate=1e4, num_rounds=3, save_every_n_rounds=1,
+            disable_tqdm=True)
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert json.loads((tmp_path / "run_status.json").read_text())["status"] == "failed"
+    # the initial loss of 3 classes is near ln 3: the bound is 1000 x max(1, it), the clients stay far below it
+    assert len(history) == 1 and history[0]["train_loss"] < 10 and history[0]["eval_loss"] > 1000 * 1.5
+    assert failed.value.reason.startswith(f"Diverged: round 1's eval loss {history[0]['eval_loss']:.4g} exceeds ")
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "final_model").exists()
+
+
+def test_a_resume_from_a_checkpoint_without_a_reference_measures_one(tmp_path, monkeypatch):
+    """A run started with the check off, resumed with it on: the resumed run measures the initial loss as a fresh
+    run does, so a loss of 1e6 fails it (it ran to the end before)."""
+    run(tmp_path, divergence_factor=0, **{**TINY, "num_rounds": 2})
+    meta = json.loads((tmp_path / "checkpoints" / "round-2" / "federated_state.json").read_text())
+    assert meta["divergence_reference"] is None
+    run(tmp_path / "fresh", **{**TINY, "num_rounds": 1})
+    reference = json.loads((tmp_path / "fresh" / "checkpoints" / "round-1" / "federated_state.json").read_text())[
+        "divergence_reference"]
+    BlowUp(monkeypatch, 3, 1e6)
+    with pytest.raises(TrainingFailedError) as failed:
+        run(tmp_path, resume="latest", **{**TINY, "num_rounds": 3})
+    assert failed.value.reason.startswith(
+        f"Diverged: round 3's train loss 1e+06 exceeds {1000 * max(1.0, reference['initial_loss']):.4g} ")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["round-1", "round-2"]
+    assert json.loads((tmp_path / "run_status.json").read_text())["status"] == "failed"

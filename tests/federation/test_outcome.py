@@ -26,7 +26,7 @@ RUN_FIELDS = ("run_id", "pid", "host", "started", "ended")
 
 def outcome(status: dict) -> dict:
     assert all(status.get(key) for key in RUN_FIELDS)
-    return {key: value for key, value in status.items() if key not in RUN_FIELDS}
+    return {key: value for key, value in status.items() if key not in (*RUN_FIELDS, "learning_check")}  # (below)
 
 
 class ReluClassifier(TinyClassifier):
@@ -213,3 +213,66 @@ def test_a_normal_run_is_unaffected(tmp_path):
     status = json.loads((tmp_path / "run_status.json").read_text())
     assert status["status"] == "completed" and status["trained"] and status["rounds_failed"] == 0
     assert output.final_model_dir == str(tmp_path / "final_model")
+
+
+# --- a run that did not learn says so ------------------------------------------------------------------------
+LEARNING = [  # (case, last record, majority class share, initial loss, learned, reason's core)
+    ("accuracy at the majority class's share", {"round": 5, "eval_accuracy": 0.105, "eval_loss": 1.0}, 0.1, 2.3,
+     False, "round 5's eval_accuracy 0.105 is at the chance level (always predicting the majority class of the "
+            "training rows scores 0.1)"),
+    ("accuracy just above the margin", {"round": 5, "eval_accuracy": 0.111, "eval_loss": 1.0}, 0.1, 2.3, True, None),
+    ("loss stalled at the initial loss", {"round": 3, "eval_accuracy": 0.5, "eval_loss": 2.29}, 0.1, 2.3, False,
+     "round 3's eval_loss 2.29 is not below the initial model's loss 2.3"),
+    ("loss just below 0.99 x the initial", {"round": 3, "eval_loss": 2.27}, None, 2.3, True, None),
+    ("loss above the initial", {"round": 3, "eval_loss": 3.74}, None, 2.3, False,
+     "round 3's eval_loss 3.74 is not below the initial model's loss 2.3"),
+    ("NaN loss", {"round": 3, "eval_loss": float("nan")}, None, 2.3, False,
+     "round 3's eval_loss nan is not below the initial model's loss 2.3"),
+]
+
+
+@pytest.mark.parametrize("case, record, share, initial, learned, core", LEARNING, ids=[c[0] for c in LEARNING])
+def test_the_final_metric_is_compared_with_the_chance_level(case, record, share, initial, learned, core):
+    from hf_fedflat.federation.outcome import learning_check
+
+    check = learning_check([{"round": 1, "eval_loss": 0.1}, record], majority_share=share, initial_loss=initial)
+    assert check["learned"] is learned
+    if core is None:
+        assert check["reason"] is None
+    else:
+        assert check["reason"].startswith(f"The model did not learn: {core}. Check learning_rate")
+
+
+def test_nothing_to_compare_is_no_verdict():
+    from hf_fedflat.federation.outcome import learning_check
+
+    assert learning_check([{"round": 1, "train_loss": 2.0}], majority_share=0.5, initial_loss=2.3) is None
+    assert learning_check([{"round": 1, "eval_loss": 2.0}], majority_share=None, initial_loss=None) is None
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_run_at_a_learning_rate_of_1e_12_says_it_did_not_learn(tmp_path, caplog, fail):
+    """In the log, run_status.json and the card; with fail_if_not_learned a failure (status failed) that keeps
+    final_model/ (nothing trained is lost)."""
+    trainer = make(tmp_path, num_rounds=2, learning_rate=1e-12, fail_if_not_learned=fail)
+    with caplog.at_level(logging.WARNING, logger="hf_fedflat"):
+        if fail:
+            with pytest.raises(TrainingFailedError, match=r"^The model did not learn: round 2's eval_"):
+                trainer.train()
+        else:
+            trainer.train()
+    status = json.loads((tmp_path / "run_status.json").read_text())
+    check = status["learning_check"]
+    assert check["learned"] is False and check["reason"] in caplog.text
+    assert check["eval_loss"] >= 0.99 * check["initial_loss"]
+    assert status["status"] == ("failed" if fail else "completed") and status["final_model"] == str(
+        tmp_path / "final_model")
+    card = (tmp_path / "final_model" / "README.md").read_text()
+    assert "**The model did not learn: round 2's eval_" in card
+
+
+def test_a_run_that_learned_records_so(tmp_path):
+    make(tmp_path, num_rounds=3, learning_rate=0.5).train()
+    check = json.loads((tmp_path / "run_status.json").read_text())["learning_check"]
+    assert check["learned"] is True and check["eval_loss"] < 0.99 * check["initial_loss"]
+    assert "did not learn" not in (tmp_path / "final_model" / "README.md").read_text()

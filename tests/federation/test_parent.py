@@ -23,7 +23,8 @@ def test_parent_watch_settings(monkeypatch):
     assert watch_requested({"TORCHELASTIC_RUN_ID": "x"}) and watch_requested({"ACCELERATE_DYNAMO_BACKEND": "NO"})
     assert watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "1"})
     assert not watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "0", "TORCHELASTIC_RUN_ID": "x"})
-    with pytest.raises(ValueError, match="HF_FEDFLAT_EXIT_WITH_PARENT: expected auto, 1 or 0, got 'maybe'"):
+    with pytest.raises(ValueError, match=r"HF_FEDFLAT_EXIT_WITH_PARENT: expected auto, 1 or 0 \(or true/false, "
+                                         r"yes/no, on/off\), got 'maybe'; set one"):
         watch_requested({"HF_FEDFLAT_EXIT_WITH_PARENT": "maybe"})
     watch = ParentWatch(enabled=True)
     watch.check()  # same parent: nothing happens

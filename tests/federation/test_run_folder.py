@@ -232,6 +232,73 @@ def test_a_resume_into_an_empty_folder_continues_the_checkpoint_s_run(tmp_path, 
     assert status(fresh)["run_id"] == status(finished)["run_id"]
 
 
+def test_a_resume_from_another_run_s_checkpoint_never_writes_into_a_folder_of_another_run(tmp_path, finished):
+    """The folder has no run_status.json (so no recorded run id) but its own checkpoints: the run ids come from them."""
+    folder = copy_of(finished, tmp_path)
+    (folder / "run_status.json").unlink()
+    other = tmp_path / "other"
+    run(other, **TINY)
+    before = files(folder)
+    with pytest.raises(RunFolderError) as refused:
+        run(folder, resume=str(other / "checkpoints" / "round-2"), **{**TINY, "num_rounds": 4})
+    own = json.loads((folder / "checkpoints" / "round-1" / "federated_state.json").read_text())["run_id"]
+    theirs = json.loads((other / "checkpoints" / "round-2" / "federated_state.json").read_text())["run_id"]
+    assert str(refused.value) == (
+        f"resume_from_checkpoint: {other / 'checkpoints' / 'round-2'} belongs to run {theirs}, but {folder} holds "
+        f"checkpoints of run {own} (round-1); resume into an empty output_dir (or that run's own folder), or resume "
+        f"{folder}'s own run with --resume_from_checkpoint latest.")
+    assert files(folder) == before
+
+
+# --- entries of the wrong kind, refused before anything is written ------------------------------------------
+def _file(name):
+    return lambda folder: (folder / name).write_text("not the run's")
+
+
+def _folder(name):
+    return lambda folder: (folder / name).mkdir()
+
+
+WRONG_KIND = [  # (case, how the folder is prepared, extra arguments, the one line after "error: ")
+    ("a file named checkpoints", _file("checkpoints"), [],
+     "output_dir: {out}/checkpoints is a file where the run keeps its checkpoints/ folder; move or delete it (or "
+     "choose another output_dir)."),
+    ("a file named final_model", _file("final_model"), [],
+     "output_dir: {out}/final_model is a file where the run keeps its final_model/ folder; move or delete it (or "
+     "choose another output_dir)."),
+    ("run.lock is a folder", _folder("run.lock"), [],
+     "output_dir: {out}/run.lock is a folder where the run writes its run.lock file; move or delete it (or choose "
+     "another output_dir)."),
+    ("run_status.json is a folder", _folder("run_status.json"), [],
+     "output_dir: {out}/run_status.json is a folder where the run writes its run_status.json file; move or delete it "
+     "(or choose another output_dir)."),
+    ("history.json is a folder", _folder("history.json"), [],
+     "output_dir: {out}/history.json is a folder where the run writes its history.json file; move or delete it (or "
+     "choose another output_dir)."),
+    ("client_state_dir names a file", _file("states"), ["--client_state_dir", "{out}/states"],
+     "client_state_dir: {out}/states is a file; name a folder (new or existing) for the clients' states."),
+    ("output_dir is a file", lambda folder: folder.rmdir() or folder.write_text("x"), [],
+     "output_dir: {out} exists and is not a folder; pass a folder (it is created if missing)."),
+]
+
+
+@pytest.mark.parametrize("case, prepare, extra, line", WRONG_KIND, ids=[w[0] for w in WRONG_KIND])
+def test_an_entry_of_the_wrong_kind_is_one_line_before_data_loads(tmp_path, capsys, monkeypatch, case, prepare, extra,
+                                                                  line):
+    forbid_loading(monkeypatch)
+    out = tmp_path / "run"
+    out.mkdir()
+    prepare(out)
+    before = files(out) if out.is_dir() else out.read_bytes()
+    capsys.readouterr()
+    code = cli.main(["train", "--dataset_name", "digits", "--output_dir", str(out), "--num_rounds", "1",
+                     *[a.format(out=out) for a in extra]])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert code == EXIT_BAD_INPUT
+    assert err == ["hf-fedflat train: error: " + line.format(out=out)]
+    assert (files(out) if out.is_dir() else out.read_bytes()) == before
+
+
 # --- run_status.json from the start to every end -------------------------------------------------------------
 class Raise(FederatedCallback):
     def __init__(self, error):
@@ -307,3 +374,19 @@ def test_a_symlinked_loggers_folder_is_refused_before_anything_is_written(tmp_pa
     with pytest.raises(UnsafeWritePathError, match="runs"):
         run(folder, **TINY)
     assert sorted(p.name for p in folder.iterdir()) == ["runs"]
+
+
+def test_the_next_start_puts_back_a_final_model_a_killed_save_left_hidden(tmp_path, finished):
+    from types import SimpleNamespace
+
+    folder = copy_of(finished, tmp_path)
+    before = files(folder / "final_model")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    hidden = folder / f".final_model.old-{int(gone.stdout)}-x1y2"  # as a save killed between its renames leaves it
+    hidden.mkdir()
+    os.replace(folder / "final_model", hidden / "final_model")
+    claimed = claim_run_folder(SimpleNamespace(output_dir=str(folder), overwrite_output_dir=False), resume="latest")
+    try:
+        assert files(folder / "final_model") == before and not hidden.exists()
+    finally:
+        release_run_folder(claimed)
