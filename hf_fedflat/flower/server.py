@@ -50,8 +50,8 @@ def run_server(grid, run_config: dict[str, Any]):
 
 def serve(grid, context) -> None:
     """The ServerApp's ``main``: :func:`run_server` on the App's settings, its outcome in one line (exit status 2 for
-    bad settings, 3 for a run that trained nothing, as ``hf-fedflat train``)."""
-    from ..cli.exit_codes import EXIT_BAD_INPUT, input_error_types
+    bad settings, 3 for a run that trained nothing, 4 for a full disk, as ``hf-fedflat train``)."""
+    from ..cli.exit_codes import input_error_types, report_disk_full, report_input_error
     from ..federation.outcome import EXIT_TRAINING_FAILED, TrainingFailedError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -62,8 +62,12 @@ def serve(grid, context) -> None:
         print(f"hf-fedflat ServerApp: training failed: {failed.reason}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_TRAINING_FAILED) from None
     except input_error_types() as error:
-        print(f"hf-fedflat ServerApp: error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        raise SystemExit(report_input_error("hf-fedflat ServerApp", error)) from None
+    except Exception as error:  # a full disk: one line naming the file and the checkpoint to resume from
+        status = report_disk_full("hf-fedflat ServerApp", error)
+        if status is None:
+            raise
+        raise SystemExit(status) from None
     print(f"hf-fedflat ServerApp: final model and model card: {output.final_model_dir}", flush=True)
 
 
