@@ -82,8 +82,10 @@ class LocalFederation:
         self._stopped: list[int] = []  # processes stopped, whose descendants must be gone too
         self.home = self.folder / "flwr_home"
         # TMPDIR: what the nodes write without a state-dir (working files, the warm workers' sockets) stays in folder
+        # PATH: Flower's processes start others by name (flower-superexec, flwr-serverapp): this Python's first
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_UPDATE_CHECK": "1",
-                    "PYTHONUNBUFFERED": "1", "TMPDIR": str(self.folder / "tmp")}
+                    "PYTHONUNBUFFERED": "1", "TMPDIR": str(self.folder / "tmp"),
+                    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
 
     # -- processes --------------------------------------------------------------------------------------
     def _popen(self, command: list[str], log_name: str) -> subprocess.Popen:
