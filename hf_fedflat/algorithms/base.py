@@ -531,6 +531,14 @@ class MixingRule(Piece, ABC):
     def mix(self, matrix: Any, load: Callable[[int], StateDict]) -> Iterator[tuple[int, StateDict]]:
         """``(i, sum_j W_ij z_j)`` for every client ``i``; ``load(j)`` gives ``z_j``."""
 
+    def release_update(self, round_index: int, client_id: int, delta: Tensor) -> Tensor:
+        """What leaves the client of its update: all of it (server plug-ins such as ``+dp`` are refused here)."""
+        return delta
+
+    def privacy_mechanism(self) -> dict[str, Any] | None:
+        """No privacy is claimed for gossip."""
+        return None
+
 
 def weighted_sum(terms: list[Tensor], weights: Tensor) -> Tensor:
     """``sum_i p_i * v_i`` accumulated in place, in the given (deterministic) order."""
