@@ -81,12 +81,18 @@ def stream_seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
 
 
+def secure_uniform(numel: int) -> Tensor:
+    """``numel`` uniform draws in [0, 1) (float64) from ``os.urandom``: 53 random bits each."""
+    words = torch.frombuffer(bytearray(os.urandom(8 * numel)), dtype=torch.int64)
+    # the sign bit cleared (an arithmetic shift of a negative word stays negative), then 63 - 10 = 53 bits kept
+    return torch.bitwise_right_shift(torch.bitwise_and(words, 0x7FFFFFFFFFFFFFFF), 10).double().mul_(2.0 ** -53)
+
+
 def secure_standard_normal(numel: int) -> Tensor:
-    """``numel`` draws of N(0, 1) (float64) from the OS's cryptographic source: uniform 53-bit fractions from
-    ``os.urandom``, through the Box-Muller transform."""
+    """``numel`` draws of N(0, 1) (float64) from the OS's cryptographic source: :func:`secure_uniform` through the
+    Box-Muller transform."""
     pairs = (numel + 1) // 2
-    words = torch.frombuffer(bytearray(os.urandom(16 * pairs)), dtype=torch.int64).view(2, pairs)
-    uniform = torch.bitwise_right_shift(words, 11).double().mul_(2.0 ** -53)  # in [0, 1)
+    uniform = secure_uniform(2 * pairs).view(2, pairs)
     radius = torch.sqrt(-2.0 * torch.log1p(-uniform[0]))  # 1 - u in (0, 1]: the log is finite
     angle = 2.0 * math.pi * uniform[1]
     return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:numel]
@@ -105,8 +111,7 @@ def poisson_sample(num_clients: int, rate: float, seed: int | None) -> list[int]
     """Every client independently with probability ``rate`` (sorted ids); from a generator seeded by ``seed``, or
     from the OS's cryptographic source when ``seed`` is None."""
     if seed is None:
-        words = torch.frombuffer(bytearray(os.urandom(8 * num_clients)), dtype=torch.int64)
-        uniform = torch.bitwise_right_shift(words, 11).double().mul_(2.0 ** -53)
+        uniform = secure_uniform(num_clients)
     else:
         uniform = torch.rand(num_clients, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return torch.nonzero(uniform < rate).flatten().tolist()

@@ -159,7 +159,7 @@ def _privacy_rows(args: Any, history: Sequence[Mapping[str, Any]]) -> list[tuple
     num_clients, per_round = _get(args, "num_clients"), _clients_per_round(args)
     where = ("by each client before its update leaves it (N(0, sigma^2 C^2 / m) each)"
              if _get(args, "dp_noise") == "client" else "by the server to the sum of the clipped updates")
-    rows = [("guarantee", f"({spent[-1]:.4g}, {_hp(delta)})-differential privacy at client level after "
+    rows = [("guarantee", f"({spent[-1]:.4g}, {float(delta):.4g})-differential privacy at client level after "
                           f"{len(spent)} rounds"
                           + (f" (budget {_hp(_get(args, 'dp_target_epsilon'))})"
                              if _get(args, "dp_target_epsilon") is not None else "")),
