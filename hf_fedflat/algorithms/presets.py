@@ -138,14 +138,14 @@ register_preset(AlgorithmSpec(
     "Caldarola et al., Improving Generalization in Federated Learning by Seeking Flat Minima, ECCV 2022"))
 
 # --- client-level differential privacy: the +dp plug-in (any server preset takes it: fedlesam+dp) ----------------
-DP_FEDSAM = ("Shi et al., Make Landscape Flatter in Differentially Private Federated Learning (DP-FedSAM), CVPR 2023; "
-             "DP-FedAvg: McMahan et al., Learning Differentially Private Recurrent Language Models, ICLR 2018")
+DP_FEDAVG = "McMahan et al., Learning Differentially Private Recurrent Language Models, ICLR 2018"
+DP_FEDSAM = "Shi et al., Make Landscape Flatter in Differentially Private Federated Learning, CVPR 2023"
 #: DP-FedSAM's set-up as data: clipping C 0.2, noise multiplier 0.95 added on the clients, a uniform mean
 DP_SETUP = {"dp_clip_norm": 0.2, "dp_noise_multiplier": 0.95, "dp_noise": "client", **UNIFORM}
 for spec in (
     AlgorithmSpec("dp_fedavg", "none", (), "mean+dp",
-                  "Local SGD; each client clips its update to C and adds Gaussian noise before sending; uniform mean.",
-                  DP_FEDSAM, defaults=DP_SETUP),
+                  "Local SGD; each client clips its update to C and adds Gaussian noise before sending (DP-FedSAM's "
+                  "baseline set-up); uniform mean.", DP_FEDAVG, defaults=DP_SETUP),
     AlgorithmSpec("dp_fedsam", "sam", (), "mean+dp",
                   "Local SAM steps; each client clips its update to C and adds Gaussian noise before sending.",
                   DP_FEDSAM, defaults={"rho": 0.5, **DP_SETUP}),
