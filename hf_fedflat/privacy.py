@@ -90,10 +90,12 @@ def settle_privacy(args) -> None:
     (``1/(10 num_clients)`` when unset), calibrate ``dp_noise_multiplier`` to ``dp_target_epsilon`` over
     ``num_rounds`` rounds when it is unset (or only a preset's default), and refuse (``ConfigError``) a budget that not even one round fits."""
     from .algorithms.composed import build_server_rule
+    from .algorithms.registry import AGGREGATOR_PLUGINS, split_plugins
 
+    if not any(AGGREGATOR_PLUGINS[name].capabilities.noised_release
+               for name in split_plugins(args.aggregator_name)[1]):
+        return  # (only a plug-in releases noise: no rule is built for the others)
     rule = build_server_rule(args.aggregator_name, args)
-    if not rule.capabilities.noised_release:
-        return
     mechanism = rule.privacy_mechanism()
     defaulted = set(getattr(args, "_defaulted_fields", ()))
     if args.dp_delta is None:

@@ -739,7 +739,9 @@ def build_model_card(
     if base_model:
         intro += f" Training started from [`{base_model}`](https://huggingface.co/{base_model})."
     if rounds is not None and records and len(records) < int(rounds):
-        intro += f" **Training in progress: {len(records)} of {rounds} rounds done.**"
+        stopped = records[-1].get("run_stopped")  # (a privacy budget ended the run early)
+        intro += (f" **Stopped after {len(records)} of {rounds} rounds: {stopped}.**" if stopped else
+                  f" **Training in progress: {len(records)} of {rounds} rounds done.**")
     if learning_check and not learning_check.get("learned", True):  # (federation.outcome.learning_check)
         intro += f" **{learning_check['reason'].split('. Check')[0]}.**"
     sections = [f"# {name}", "", intro, "", "## Federated set-up", "",

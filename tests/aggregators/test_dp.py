@@ -99,6 +99,32 @@ def test_a_round_without_updates_still_releases_its_noise(tmp_path):
     torch.testing.assert_close(new_w, w + SIGMA * CLIP * seeded_normal(DIM, "server", 2) / 3, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("rule", ["fedadam", "fedswa"])
+def test_the_rule_behind_receives_the_release_as_its_one_update(tmp_path, rule):
+    """FedAdam's moments and FedSWA's state (behind ``+dp``, with their own keys beside ``dp_round``) evolve as the
+    rule alone does on the release (sum_i clip(Delta_i) + sigma C z) / m, with weight 1."""
+    algorithm = dp_server(tmp_path, fed_algorithm=f"{rule}+dp", num_rounds=4, swa_start_fraction=0.25,
+                          swa_cycle_rounds=1)
+    plain = server(tmp_path, fed_algorithm=rule, num_rounds=4, swa_start_fraction=0.25, swa_cycle_rounds=1)
+    w = plain_w = vector(DIM, 1, 1.0)
+    state, plain_state = algorithm.init_server_state(w), plain.init_server_state(w)
+    for t in range(3):
+        deltas = [vector(DIM, 10 * t + k, 1.0) for k in range(3)]
+        release = (sum(by_hand_clip(d, CLIP) for d in deltas) + SIGMA * CLIP * seeded_normal(DIM, "server", t)) / 3
+        w, state = algorithm.server_step(t, w, [ClientUpdate(k, 8, 2, 0.0, d) for k, d in enumerate(deltas)],
+                                         torch.full((3,), 1 / 3, dtype=torch.float64), state, 5)
+        plain_w, plain_state = plain.server_step(t, plain_w, [ClientUpdate(-1, 24, 2, 0.0, release)],
+                                                 torch.ones(1, dtype=torch.float64), plain_state, 5)
+        torch.testing.assert_close(w, plain_w, rtol=0, atol=1e-6)
+    kept = {k: v for k, v in state["aggregator"].items() if k != "dp_round"}
+    assert kept.keys() == plain_state["aggregator"].keys()
+    for key, value in kept.items():
+        torch.testing.assert_close(value, plain_state["aggregator"][key], rtol=0, atol=1e-6)
+    torch.testing.assert_close(algorithm.aggregator.evaluation_weights(w, state["aggregator"]),
+                               plain.aggregator.evaluation_weights(plain_w, plain_state["aggregator"]),
+                               rtol=0, atol=1e-6)
+
+
 def test_central_mode_sends_the_update_as_it_is(tmp_path):
     algorithm = dp_server(tmp_path)
     delta = vector(DIM, 5, 2.0)
@@ -247,6 +273,8 @@ def test_a_budget_stops_the_run_before_the_round_that_would_exceed_it_and_saves_
     assert output.history[-1]["run_stopped"].startswith(f"dp_target_epsilon={budget:g}: round 3 would spend epsilon")
     assert (tmp_path / "final_model" / "model.safetensors").exists()
     assert "Stopped early: dp_target_epsilon" in caplog.text
+    card = (tmp_path / "final_model" / "README.md").read_text()
+    assert f"**Stopped after 2 of 4 rounds: dp_target_epsilon={budget:g}: round 3 would spend" in card
 
 
 def test_resume_continues_the_accountant_and_the_seeded_noise(tmp_path):
