@@ -46,7 +46,8 @@ class DPConfig(PieceConfig):
     dp_noise: str = hyperparameter(
         CENTRAL, "Client-level DP: where the noise is added: 'central' (DP-FedAvg: the server clips each update and "
         "adds N(0, sigma^2 C^2) to their sum) or 'client' (DP-FedSAM: each client clips its update and adds "
-        "N(0, sigma^2 C^2 / m) before it leaves the client; the server averages).")
+        "N(0, sigma^2 C^2 / max(n_t, m)), n_t the clients sampled, before it leaves the client; the server "
+        "averages).")
     dp_secure_rng: bool = hyperparameter(
         False, "Client-level DP: draw the noise and the clients' sampling from the operating system's cryptographic "
         "source (os.urandom) instead of generators seeded by (seed, round, client), for deployments: anyone who "
@@ -130,12 +131,12 @@ class ClientLevelDPAggregator(AggregatorPlugin):
     the sampling the accountant assumes), and releases the mean with the fixed denominator ``m``:
 
     * ``central``: ``(sum_i clip(Delta_i) + N(0, sigma^2 C^2 I)) / m``, the clipping and the noise on the server;
-    * ``client``: each client sends ``clip(Delta_i) + N(0, sigma^2 C^2 / m I)`` (:meth:`release_update`, in the
-      client's own code path); the server adds ``N(0, k sigma^2 C^2 / m I)`` for the ``k`` of ``m`` shares missing
-      (fewer than ``m`` clients sampled, or excluded) and divides the sum by ``m``.
+    * ``client``: each client sends ``clip(Delta_i) + N(0, sigma^2 C^2 / k_t I)`` (:meth:`release_update`, in the
+      client's own code path), ``k_t = max(n_t, m)`` for the ``n_t`` clients sampled; the server adds the shares
+      that did not arrive (fewer than ``m`` sampled, or clients excluded) and divides the sum by ``m``.
 
-    ``clip(Delta) = Delta * min(1, C/||Delta||)``, one norm over the whole update. Either way the sum carries at
-    least ``N(0, sigma^2 C^2 I)`` and moves by at most ``C`` when one client is added or removed. The rule behind
+    ``clip(Delta) = Delta * min(1, C/||Delta||)``, one norm over the whole update. Either way the sum carries
+    exactly ``N(0, sigma^2 C^2 I)`` and moves by at most ``C`` when one client is added or removed. The rule behind
     receives that release as the round's one update, with weight 1: it must read the updates only through their
     weighted sum (``capabilities.linear_in_weighted_delta``: mean, FedAdam), so everything it does is
     post-processing. The noise is drawn from generators seeded by ``(seed, round[, client])``, or from the OS's
@@ -185,11 +186,19 @@ class ClientLevelDPAggregator(AggregatorPlugin):
         stream = None if self.config.dp_secure_rng else stream_seed(seed, "dp-sample", round_index)
         return poisson_sample(num_clients, clients_per_round / num_clients, stream)
 
+    def noise_shares(self, round_index: int) -> int:
+        """``k_t = max(n_t, m)``, ``n_t`` the clients round ``round_index`` samples: client mode splits the sum's
+        noise into ``k_t`` shares of ``sigma^2 C^2 / k_t`` (the clients' and the server's for the missing ones), so
+        that the sum always carries exactly ``N(0, sigma^2 C^2)``: the noise's size does not tell how many clients
+        took part. ``n_t`` is recomputed from the seeded sampling, as every process does."""
+        sampled = self.sample_clients(round_index, self.num_clients, self.clients_per_round, self.seed)
+        return max(len(sampled), self.clients_per_round)
+
     def release_update(self, round_index: int, client_id: int, delta: Tensor) -> Tensor:
         delta = self.base.release_update(round_index, client_id, delta)
         if self.config.dp_noise != CLIENT:
             return delta
-        std = self._sigma() * self.config.dp_clip_norm / math.sqrt(self.clients_per_round)
+        std = self._sigma() * self.config.dp_clip_norm / math.sqrt(self.noise_shares(round_index))
         noise = self._noise(delta.numel(), std, delta.dtype, "client", round_index, client_id)
         return clip_update(delta, self.config.dp_clip_norm).add_(noise.to(device=delta.device, dtype=delta.dtype))
 
@@ -215,8 +224,12 @@ class ClientLevelDPAggregator(AggregatorPlugin):
         total = torch.zeros_like(params)
         for update in updates:  # the same order on every run: the gathered order
             total.add_(clip_update(update.delta, clip) if self.config.dp_noise == CENTRAL else update.delta)
-        # shares of sigma^2 C^2 the sum still lacks: all of it (central), or the missing clients' (client)
-        shares = 1.0 if self.config.dp_noise == CENTRAL else max(0, m - len(updates)) / m
+        # the part of sigma^2 C^2 the sum still lacks: all of it (central), or the shares that did not arrive (client)
+        if self.config.dp_noise == CENTRAL:
+            shares = 1.0
+        else:
+            expected = self.noise_shares(round_index)
+            shares = max(0, expected - len(updates)) / expected
         if shares > 0:
             std = self._sigma() * clip * math.sqrt(shares)
             total.add_(self._noise(total.numel(), std, total.dtype, "server", round_index).to(total.device))
@@ -256,6 +269,10 @@ class ClientLevelDPAggregator(AggregatorPlugin):
             fail(_given_field(args), f"the server half of {', '.join(readers)} reads each client's upload (its "
                  "update, steps or messages) beside the noised mean, which +dp does not protect; pick pieces "
                  "without one (perturbation none, sam, asam, lesam, gam; corrections prox, fedup, moon, ...).")
+        if self.config.dp_noise == CLIENT and self.config.dp_secure_rng:
+            fail("dp_noise", "'client' with dp_secure_rng: a client sizes its share of the noise by the number of "
+                 "clients the round sampled, which the server draws in secret then; use dp_noise central with "
+                 "dp_secure_rng, or seeded noise for a simulation.")
         if self.config.dp_noise_multiplier is None and self.config.dp_target_epsilon is None:
             fail("dp_noise_multiplier", "+dp needs dp_noise_multiplier (sigma) or dp_target_epsilon (sigma is then "
                  "calibrated to it); give one.")

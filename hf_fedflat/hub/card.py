@@ -157,7 +157,7 @@ def _privacy_rows(args: Any, history: Sequence[Mapping[str, Any]]) -> list[tuple
 
     delta, clip, sigma = _get(args, "dp_delta"), _get(args, "dp_clip_norm"), _get(args, "dp_noise_multiplier")
     num_clients, per_round = _get(args, "num_clients"), _clients_per_round(args)
-    where = ("by each client before its update leaves it (N(0, sigma^2 C^2 / m) each)"
+    where = ("by each client before its update leaves it (a share N(0, sigma^2 C^2 / max(n_t, m)) each)"
              if _get(args, "dp_noise") == "client" else "by the server to the sum of the clipped updates")
     rows = [("guarantee", f"({spent[-1]:.4g}, {float(delta):.4g})-differential privacy at client level after "
                           f"{len(spent)} rounds"
@@ -172,7 +172,7 @@ def _privacy_rows(args: Any, history: Sequence[Mapping[str, Any]]) -> list[tuple
             ("accountant", ACCOUNTANT),
             ("not covered", "what the server logs per round (train losses, which clients took part, diagnostics); "
                             "with noise on the clients and no secure aggregation, the server sees each update with "
-                            "noise sigma*C/sqrt(m) only"
+                            "noise sigma*C/sqrt(max(n_t, m)) only"
                             + ("; the noise is seeded (reproducible): anyone who knows the seed can remove it"
                                if not _get(args, "dp_secure_rng") else ""))]
     return rows

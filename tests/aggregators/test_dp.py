@@ -73,23 +73,34 @@ def test_central_release_is_the_clipped_sum_plus_noise_over_m(tmp_path):
     assert int(new_state["aggregator"]["dp_round"]) == 3
 
 
-def test_client_release_is_clipped_and_noised_on_the_client_and_averaged_with_the_missing_shares(tmp_path):
-    """Client i of round t sends clip(Delta_i) + sigma C / sqrt(m) z_{t,i}; the server adds sqrt(k/m) sigma C z_t for
-    the k of m = 3 shares that did not arrive (one) and divides by m."""
+def sampled(t: int) -> list[int]:
+    """Round t's Poisson sample of the 5 clients at q = 3/5, drawn here as the plug-in draws it."""
+    uniform = torch.rand(5, generator=torch.Generator().manual_seed(stream_seed(SEED, "dp-sample", t)),
+                         dtype=torch.float64)
+    return [i for i in range(5) if uniform[i] < 0.6]
+
+
+@pytest.mark.parametrize("t", [7, 3], ids=["fewer_than_m_sampled", "more_than_m_sampled"])
+def test_client_release_is_clipped_and_noised_on_the_client_and_averaged_with_the_missing_shares(tmp_path, t):
+    """k_t = max(n_t, m) shares, m = 3: client i of round t sends clip(Delta_i) + sigma C / sqrt(k_t) z_{t,i}; two
+    arrive, the server adds sqrt((k_t - 2)/k_t) sigma C z_t for the others and divides by m: the sum's noise is
+    exactly N(0, sigma^2 C^2) whatever n_t."""
+    k = max(len(sampled(t)), 3)
+    assert k == {7: 3, 3: 4}[t]  # round 7 samples 2 clients, round 3 samples 4
     algorithm = dp_server(tmp_path, dp_noise="client")
     w = vector(DIM, 1, 1.0)
     deltas = {0: vector(DIM, 5, 2.0), 4: vector(DIM, 6, 0.01)}
     sent = {}
     for client, delta in deltas.items():
-        ctx = ClientContext(client, 7, w, {}, {}, 0.1, 8)
+        ctx = ClientContext(client, t, w, {}, {}, 0.1, 8)
         sent[client] = algorithm.release_update(ctx, delta)
-        expected = by_hand_clip(delta, CLIP) + SIGMA * CLIP / math.sqrt(3) * seeded_normal(DIM, "client", 7, client)
+        expected = by_hand_clip(delta, CLIP) + SIGMA * CLIP / math.sqrt(k) * seeded_normal(DIM, "client", t, client)
         torch.testing.assert_close(sent[client], expected, rtol=0, atol=1e-6)
-    updates = [ClientUpdate(k, 8, 2, 0.0, d) for k, d in sent.items()]
-    new_w, _ = algorithm.server_step(7, w, updates, torch.full((2,), 0.5, dtype=torch.float64),
+    updates = [ClientUpdate(c, 8, 2, 0.0, d) for c, d in sent.items()]
+    new_w, _ = algorithm.server_step(t, w, updates, torch.full((2,), 0.5, dtype=torch.float64),
                                      algorithm.init_server_state(w), 5)
-    expected = w + (sent[0] + sent[4] + math.sqrt(1 / 3) * SIGMA * CLIP * seeded_normal(DIM, "server", 7)) / 3
-    torch.testing.assert_close(new_w, expected, rtol=0, atol=1e-6)
+    top_up = math.sqrt((k - 2) / k) * SIGMA * CLIP * seeded_normal(DIM, "server", t)
+    torch.testing.assert_close(new_w, w + (sent[0] + sent[4] + top_up) / 3, rtol=0, atol=1e-6)
 
 
 def test_a_round_without_updates_still_releases_its_noise(tmp_path):
@@ -146,13 +157,14 @@ def check_mean_and_variance(draws: torch.Tensor, std: float, false_alarm: float)
     assert ((scaled >= low) & (scaled <= high)).all(), (scaled.min(), scaled.max(), low, high)
 
 
-def test_client_noise_has_mean_zero_and_variance_sigma2_C2_over_m_per_coordinate(tmp_path):
-    """4,000 clients' releases of a zero update (clip(0) = 0: the noise alone), 40 coordinates."""
+def test_client_noise_has_mean_zero_and_variance_sigma2_C2_over_k_t_per_coordinate(tmp_path):
+    """4,000 clients' releases of a zero update (clip(0) = 0: the noise alone), 40 coordinates, each divided by its
+    round's sigma C / sqrt(k_t): N(0, 1) per coordinate."""
     algorithm = dp_server(tmp_path, dp_noise="client")
     zero = torch.zeros(40)
     draws = torch.stack([algorithm.release_update(ClientContext(c % 5, c // 5, zero, {}, {}, 0.1, 8), zero)
-                         for c in range(4000)])
-    check_mean_and_variance(draws, SIGMA * CLIP / math.sqrt(3), FALSE_ALARM / 2)
+                         / (SIGMA * CLIP / math.sqrt(max(len(sampled(c // 5)), 3))) for c in range(4000)])
+    check_mean_and_variance(draws, 1.0, FALSE_ALARM / 2)
 
 
 def test_the_cryptographic_source_has_mean_zero_and_the_asked_variance():
@@ -233,6 +245,8 @@ REFUSED = [
     ("a budget one round exceeds", ["--fed_algorithm", "dp_fedavg", "--dp_noise_multiplier", "0.5",
                                     "--dp_target_epsilon", "0.5"],
      r"dp_target_epsilon: 0.5 is less than one round spends at dp_noise_multiplier=0.5"),
+    ("client noise from the secret source", ["--fed_algorithm", "dp_fedavg", "--dp_secure_rng", "true"],
+     r"dp_noise: 'client' with dp_secure_rng: a client sizes its share of the noise"),
     ("an unknown noise mode", ["--fed_algorithm", "dp_fedavg", "--dp_noise", "server"],
      r"dp_noise: must be one of \('central', 'client'\), got 'server'\."),
     ("a clip norm of 0", ["--fed_algorithm", "dp_fedavg", "--dp_clip_norm", "0"], r"dp_clip_norm: must be > 0.0"),
