@@ -6,7 +6,8 @@ Times, each the median of ``--repeats`` (after one warm-up), on flat float32 vec
 the 0.58M-parameter ``small_cnn`` of ``benchmarks/run.py``):
 
 - ``client_release_ms``: one client's clip and noise (``release_update`` in client mode), seeded generator;
-- ``client_release_secure_ms``: the same from the OS's cryptographic source (``--dp_secure_rng``);
+- ``noise_seeded_ms`` / ``noise_secure_ms``: the noise vector alone, from the seeded generator or from the OS's
+  cryptographic source (``--dp_secure_rng``, central noise);
 - ``server_release_central_ms``: the server's clip of ``--clients`` updates, their sum, the noise and the division
   (``aggregate`` in central mode, the mean rule behind it);
 - ``server_mean_ms``: the mean rule alone on the same updates (what a round without DP does there);
@@ -27,6 +28,7 @@ import time
 import torch
 
 from hf_fedflat import FedTrainingArguments, build_algorithm
+from hf_fedflat.aggregators.dp import gaussian_noise
 from hf_fedflat.algorithms import ClientContext, ClientUpdate
 from hf_fedflat.privacy import ClientLevelAccountant
 
@@ -57,8 +59,7 @@ def main(argv=None) -> dict:
         return build_algorithm(args)
 
     dp = {"dp_noise_multiplier": 1.0, "dp_clip_norm": 0.2}
-    client, secure = algorithm("fedavg+dp", dp_noise="client", **dp), algorithm("fedavg+dp", dp_noise="client",
-                                                                                 dp_secure_rng=True, **dp)
+    client = algorithm("fedavg+dp", dp_noise="client", **dp)
     central, plain = algorithm("fedavg+dp", **dp), algorithm("fedavg")
     generator = torch.Generator().manual_seed(0)
     w = torch.randn(options.numel, generator=generator)
@@ -71,7 +72,8 @@ def main(argv=None) -> dict:
     results = {
         "numel": options.numel, "clients": options.clients, "threads": torch.get_num_threads(),
         "client_release_ms": median_ms(lambda: client.release_update(ctx, updates[0].delta), options.repeats),
-        "client_release_secure_ms": median_ms(lambda: secure.release_update(ctx, updates[0].delta), options.repeats),
+        "noise_seeded_ms": median_ms(lambda: gaussian_noise(options.numel, 1.0, 7), options.repeats),
+        "noise_secure_ms": median_ms(lambda: gaussian_noise(options.numel, 1.0, None), options.repeats),
         "server_release_central_ms": median_ms(
             lambda: central.server_step(3, w, updates, weights, central_state, 100), options.repeats),
         "server_mean_ms": median_ms(lambda: plain.server_step(3, w, updates, weights, plain_state, 100),
