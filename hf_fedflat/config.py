@@ -485,6 +485,9 @@ class FedTrainingArguments(TrainingArguments):
         from .algorithms.optimizers import check_optimizer_compatibility  # pieces that assume plain SGD
 
         check_optimizer_compatibility(pieces, self.optim, self.optim_args)
+        from .privacy import settle_privacy  # a noised release (+dp): delta filled in, sigma calibrated to the budget
+
+        settle_privacy(self)
 
     def _check_graph_connected(self) -> None:
         """A gossip graph in several pieces (spectral gap 0) never reaches consensus: refuse it now."""

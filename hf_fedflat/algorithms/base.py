@@ -215,6 +215,10 @@ class ClientPiece(Piece):
     """
 
     client_state_keys: ClassVar[tuple[str, ...] | None] = None
+    #: its server half reads what each client uploads besides the round's new global model (an update's delta,
+    #: steps or messages: SCAFFOLD's control variates, MimeLite's gradients, SMOO's mu_i, the momentum's weighted
+    #: mean of the raw updates); a plug-in that releases only a noised mean (``+dp``) refuses such a piece
+    server_reads_updates: ClassVar[bool] = False
 
     def begin(self, ctx: ClientContext) -> Any:
         """Called once per client per round before local training; returns this piece's workspace."""
@@ -379,10 +383,14 @@ class Capabilities:
             of such a rule passes the recombined weights ``C^T p`` instead of building harmonized updates.
         decentralized: the rule mixes every client's own model with its neighbours' (gossip) instead of
             updating one global model; such a run has no server.
+        noised_release: every round's new model is a noised release (client-level differential privacy, ``+dp``):
+            the server aggregates even a round in which no update arrived (the noise is that round's release),
+            and the run accounts the privacy spent (:meth:`Aggregator.privacy_mechanism`).
     """
 
     linear_in_weighted_delta: bool = False
     decentralized: bool = False
+    noised_release: bool = False
 
 
 class Aggregator(Piece, ABC):
@@ -408,6 +416,11 @@ class Aggregator(Piece, ABC):
         server's ``w^t``; each update's delta is ``w_i`` minus what the client received
         (:meth:`broadcast_weights`)."""
 
+    def begin_round(self, round_index: int, state: StateDict) -> StateDict:
+        """State before round ``round_index``'s aggregation (``+dp`` keeps the round it draws its noise for);
+        default: unchanged."""
+        return state
+
     def broadcast_weights(self, round_index: int, params: Tensor, state: StateDict) -> Tensor:
         """The weights every client receives and starts round ``round_index`` from, given the server's ``w^t``
         (default: ``w^t`` itself). The clients' ``ctx.global_params`` and deltas are measured from them, while the
@@ -429,6 +442,27 @@ class Aggregator(Piece, ABC):
         """The weights evaluated and saved as the run's model, given the server's ``w^t`` (default: ``w^t``);
         training and checkpoints continue from ``w^t``."""
         return params
+
+    def sample_clients(self, round_index: int, num_clients: int, clients_per_round: int, seed: int) -> list[int] | None:
+        """The clients of round ``round_index`` when the rule samples them itself (``+dp``: Poisson sampling, which
+        its accountant assumes); None (default): the run's seeded draw of ``clients_per_round`` clients. A function
+        of its arguments alone: every process computes the same list."""
+        return None
+
+    def release_update(self, round_index: int, client_id: int, delta: Tensor) -> Tensor:
+        """What leaves the client of its update ``delta`` (``w_i`` minus the weights it received), computed in the
+        client's own code path after its pieces' ``end`` (``+dp``'s client mode clips and noises it there);
+        default: ``delta`` itself."""
+        return delta
+
+    def privacy_mechanism(self) -> dict[str, Any] | None:
+        """What the run's accountant composes over the rounds (``+dp``: noise multiplier, sampling rate, delta,
+        the epsilon budget); None (default): no privacy is claimed."""
+        return None
+
+    def check_composition(self, args: Any, client_pieces: list[type]) -> None:
+        """Refuse (``ConfigError`` naming the field) a run whose other settings or client pieces this rule cannot
+        serve; ``client_pieces`` are the classes of the run's perturbation and corrections. Default: none."""
 
 
 class AggregatorPlugin(Aggregator):
@@ -454,6 +488,9 @@ class AggregatorPlugin(Aggregator):
     ) -> tuple[Tensor, StateDict]:
         return self.base.aggregate(params, updates, weights, state)
 
+    def begin_round(self, round_index: int, state: StateDict) -> StateDict:
+        return self.base.begin_round(round_index, state)
+
     def broadcast_weights(self, round_index: int, params: Tensor, state: StateDict) -> Tensor:
         return self.base.broadcast_weights(round_index, params, state)
 
@@ -465,6 +502,18 @@ class AggregatorPlugin(Aggregator):
 
     def evaluation_weights(self, params: Tensor, state: StateDict) -> Tensor:
         return self.base.evaluation_weights(params, state)
+
+    def sample_clients(self, round_index: int, num_clients: int, clients_per_round: int, seed: int) -> list[int] | None:
+        return self.base.sample_clients(round_index, num_clients, clients_per_round, seed)
+
+    def release_update(self, round_index: int, client_id: int, delta: Tensor) -> Tensor:
+        return self.base.release_update(round_index, client_id, delta)
+
+    def privacy_mechanism(self) -> dict[str, Any] | None:
+        return self.base.privacy_mechanism()
+
+    def check_composition(self, args: Any, client_pieces: list[type]) -> None:
+        self.base.check_composition(args, client_pieces)
 
 
 class MixingRule(Piece, ABC):
@@ -481,6 +530,14 @@ class MixingRule(Piece, ABC):
     @abstractmethod
     def mix(self, matrix: Any, load: Callable[[int], StateDict]) -> Iterator[tuple[int, StateDict]]:
         """``(i, sum_j W_ij z_j)`` for every client ``i``; ``load(j)`` gives ``z_j``."""
+
+    def release_update(self, round_index: int, client_id: int, delta: Tensor) -> Tensor:
+        """What leaves the client of its update: all of it (server plug-ins such as ``+dp`` are refused here)."""
+        return delta
+
+    def privacy_mechanism(self) -> dict[str, Any] | None:
+        """No privacy is claimed for gossip."""
+        return None
 
 
 def weighted_sum(terms: list[Tensor], weights: Tensor) -> Tensor:

@@ -65,6 +65,11 @@ class FederatedAlgorithm:
                 messages[piece.name] = message
         return state, messages
 
+    def release_update(self, ctx: ClientContext, delta: Tensor) -> Tensor:
+        """What leaves the client of its update, after every piece's ``end`` read the update itself: the
+        aggregator's ``release_update`` (``+dp``'s client mode clips and noises it here, on the client)."""
+        return self.aggregator.release_update(ctx.round, ctx.client_id, delta)
+
     # server side -----------------------------------------------------------------------------
     def init_server_state(self, params: Tensor) -> dict[str, StateDict]:
         state = {piece.name: piece.init_server_state(params) for piece in self.client_pieces}
@@ -95,9 +100,8 @@ class FederatedAlgorithm:
         ``params`` is the server's ``w^t``, the updates' deltas are measured from what the clients received
         (``aggregator.broadcast_weights``)."""
         new_state = dict(server_state)
-        new_params, aggregator_state = self.aggregator.aggregate(
-            params, updates, weights, server_state.get(AGGREGATOR_KEY, {})
-        )
+        aggregator_state = self.aggregator.begin_round(round_index, server_state.get(AGGREGATOR_KEY, {}))
+        new_params, aggregator_state = self.aggregator.aggregate(params, updates, weights, aggregator_state)
         summary = RoundSummary(round_index, params, new_params, updates, weights, num_clients, learning_rate)
         aggregator_state = self.aggregator.end_round(aggregator_state, summary)
         if aggregator_state:
@@ -181,16 +185,22 @@ def build_algorithm(args) -> FederatedAlgorithm:
         args.fed_algorithm, getattr(args, "perturbation", None), getattr(args, "corrections", None),
         getattr(args, "aggregator", None),
     )
-    aggregator_base, plugins = split_plugins(aggregator)
-    server_rule = build_piece(AGGREGATORS[aggregator_base], args)
-    for plugin in plugins:  # "mean+fedgh": FedGH wraps the mean
-        plugin_class = AGGREGATOR_PLUGINS[plugin]
-        settings = {name: getattr(args, name) for name in plugin_class.run_settings if hasattr(args, name)}
-        server_rule = plugin_class(server_rule, plugin_class.config_class.from_args(args), **settings)
     return FederatedAlgorithm(
         name=algorithm_label(args.fed_algorithm, *(getattr(args, part, None)
                                                    for part in ("perturbation", "corrections", "aggregator"))),
         perturbation=build_piece(PERTURBATIONS[perturbation], args),
         corrections=tuple(build_piece(CORRECTIONS[name], args) for name in corrections),
-        aggregator=server_rule,
+        aggregator=build_server_rule(aggregator, args),
     )
+
+
+def build_server_rule(aggregator: str, args) -> Aggregator:
+    """The server rule named ``aggregator`` with its plug-ins in order (``"mean+fedgh"``: FedGH wraps the mean),
+    each configured from ``args``."""
+    aggregator_base, plugins = split_plugins(aggregator)
+    server_rule = build_piece(AGGREGATORS[aggregator_base], args)
+    for plugin in plugins:
+        plugin_class = AGGREGATOR_PLUGINS[plugin]
+        settings = {name: getattr(args, name) for name in plugin_class.run_settings if hasattr(args, name)}
+        server_rule = plugin_class(server_rule, plugin_class.config_class.from_args(args), **settings)
+    return server_rule

@@ -10,6 +10,10 @@ A run's algorithm is its preset (``--fed_algorithm``) with the parts given in it
   --aggregator fedadam``);
 * aggregator plug-ins (``+fedgh``) on a decentralized run: they transform the updates a server aggregates;
 * client pieces that keep server state (SCAFFOLD's ``c``, LESAM's last global update) on a decentralized run;
+* what the server rule and its plug-ins refuse of the run (``Aggregator.check_composition``: ``+dp`` refuses
+  sample-count weights, averaged BatchNorm statistics, a rule behind it that reads more than the mean update and
+  client pieces whose server half reads each client's upload), and a noised release (``+dp``) that is not the
+  outermost plug-in;
 * a setting given explicitly that only pieces of the other kind read: the gossip flags (``topology``,
   ``topology_degree``, ...) and ``decentralized_participation`` on a server run, a server rule's
   (``server_learning_rate``, ``server_beta1``, ...) on a decentralized run.
@@ -32,7 +36,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..field_checks import fail
-from .composed import algorithm_label, build_piece, resolve_parts
+from .base import AggregatorPlugin
+from .composed import algorithm_label, build_piece, build_server_rule, resolve_parts
 from .registry import (
     AGGREGATOR_PLUGINS, AGGREGATORS, CORRECTIONS, PERTURBATIONS, PRESETS, TABLES, get_preset, split_plugins,
 )
@@ -117,6 +122,20 @@ def _has_server_half(cls: type, args: Any) -> bool:
     return bool(build_piece(cls, args).init_server_state(torch.zeros(1)))
 
 
+def _check_server_rule(args: Any, aggregator: str, perturbation: str, corrections: tuple[str, ...]) -> None:
+    """What the server rule and its plug-ins refuse of the run (``Aggregator.check_composition``); and a noised
+    release (``+dp``) must be the outermost plug-in: a rule in front of it would read the clients' own updates."""
+    server_rule = build_server_rule(aggregator, args)
+    inner = server_rule
+    while isinstance(inner, AggregatorPlugin):
+        inner = inner.base
+        if inner.capabilities.noised_release:
+            field = "aggregator" if getattr(args, "aggregator", None) is not None else "fed_algorithm"
+            fail(field, f"{aggregator}: +{inner.plugin} releases a noised mean and must be the last plug-in, or the "
+                 f"rules in front of it read the clients' own updates; move +{inner.plugin} to the end.")
+    server_rule.check_composition(args, [PERTURBATIONS[perturbation], *(CORRECTIONS[name] for name in corrections)])
+
+
 def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
@@ -160,6 +179,8 @@ def check_algorithm_settings(args: Any, explicit: Iterable[str] | None = None, a
                 fail(field, f"{', '.join(kept)} needs server-side state, and a decentralized run has no server. Choose "
                      "pieces without a server half (e.g. perturbation none/sam/gam, correction prox) or a server "
                      "preset.")
+    if not decentralized:
+        _check_server_rule(args, aggregator, perturbation, corrections)
     if explicit is None:
         return
     pieces = [PERTURBATIONS[perturbation], *(CORRECTIONS[name] for name in corrections), AGGREGATORS[base],

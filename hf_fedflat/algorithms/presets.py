@@ -1,7 +1,8 @@
 """The named algorithms, server and decentralized, one registry line each (see docs/algorithms.md, "Presets"
 and "Decentralized methods").
 
-Any server preset also takes the FedGH plug-in as a suffix: ``fedlesam_s+fedgh``. Defaults apply only to fields
+Any server preset also takes the aggregator plug-ins as a suffix: ``fedlesam_s+fedgh``, ``fedsam+swa``,
+``fedlesam+dp``. Defaults apply only to fields
 the user left unset.
 """
 
@@ -135,6 +136,21 @@ register_preset(AlgorithmSpec(
     "fedswa", "none", (), "mean+swa",
     "FedAvg with a cyclic client learning rate from 0.75 T and the server's average of the cycle-end models.",
     "Caldarola et al., Improving Generalization in Federated Learning by Seeking Flat Minima, ECCV 2022"))
+
+# --- client-level differential privacy: the +dp plug-in (any server preset takes it: fedlesam+dp) ----------------
+DP_FEDAVG = "McMahan et al., Learning Differentially Private Recurrent Language Models, ICLR 2018"
+DP_FEDSAM = "Shi et al., Make Landscape Flatter in Differentially Private Federated Learning, CVPR 2023"
+#: DP-FedSAM's set-up as data: clipping C 0.2, noise multiplier 0.95 added on the clients, a uniform mean
+DP_SETUP = {"dp_clip_norm": 0.2, "dp_noise_multiplier": 0.95, "dp_noise": "client", **UNIFORM}
+for spec in (
+    AlgorithmSpec("dp_fedavg", "none", (), "mean+dp",
+                  "Local SGD; each client clips its update to C and adds Gaussian noise before sending (DP-FedSAM's "
+                  "baseline set-up); uniform mean.", DP_FEDAVG, defaults=DP_SETUP),
+    AlgorithmSpec("dp_fedsam", "sam", (), "mean+dp",
+                  "Local SAM steps; each client clips its update to C and adds Gaussian noise before sending.",
+                  DP_FEDSAM, defaults={"rho": 0.5, **DP_SETUP}),
+):
+    register_preset(spec)
 
 # --- decentralized: perturbation x gossip (no server); local step, sampling and gossip are shared code ----------
 #: the seeds' decentralized set-up: every client trains every round (only the server baselines sample 10%)

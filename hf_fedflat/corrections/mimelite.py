@@ -36,6 +36,7 @@ class MimeLiteCorrection(Correction):
 
     name = "mimelite"
     client_state_keys = ()  # keeps no per-client state (see ClientPiece)
+    server_reads_updates = True  # m from each client's full-batch gradient
     assumes_plain_sgd = True
     plain_sgd_policy = "warn"
     plain_sgd_reason = "MimeLite's client step is SGD with the server's momentum; a local optimizer adds its own state"

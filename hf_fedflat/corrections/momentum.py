@@ -41,6 +41,7 @@ class MomentumCorrection(Correction):
     """
 
     name = "momentum"
+    server_reads_updates = True  # m from the raw updates and their local steps
     #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
     assumes_plain_sgd = True
     plain_sgd_policy = "warn"

@@ -51,6 +51,7 @@ class ScaffoldCorrection(Correction):
 
     name = "scaffold"
     client_state_keys = ("c_i",)  # its per-client state (see ClientPiece)
+    server_reads_updates = True  # c from each client's delta and steps
     #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
     assumes_plain_sgd = True
     plain_sgd_policy = "error"

@@ -164,6 +164,10 @@ class GossipStrategy:
             return list(range(args.num_clients))
         return sample_clients(args.num_clients, args.num_clients_per_round, args.seed, round_index)
 
+    def round_limit(self, num_rounds: int) -> tuple[int, str | None]:
+        """Every round: a decentralized run claims no privacy budget (server plug-ins such as +dp are refused)."""
+        return num_rounds, None
+
     def learning_rate(self, round_index: int, learning_rate: float) -> float:
         """The run's schedule: the gossip rule drives no client learning rate (server plug-ins are refused)."""
         return learning_rate

@@ -124,6 +124,8 @@ class LocalTraining:
         delta = space.difference(ctx.global_params, out=empty_like(ctx.global_params))
         result = LocalResult(params=space.flatten, num_steps=int(trainer.state.global_step), delta=delta)
         new_state, messages = self.algorithm.end_client(ctx, workspaces, result)
+        # what leaves this client of its update: +dp's client mode clips and noises it here, on the client itself
+        delta = self.algorithm.release_update(ctx, delta)
         if diagnostics:
             messages[DIAGNOSTICS_MESSAGE] = diagnostics
         cpu = lambda parts: {p: {k: t.detach().cpu() for k, t in part.items()} for p, part in parts.items()}  # noqa: E731

@@ -88,11 +88,15 @@ def _run(trainer, resume, history_file) -> FederatedTrainOutput:
                     disable=not comm.is_main or args.disable_tqdm)
     run_start = time.perf_counter()
     watch = ParentWatch()
-    for round_index in range(start_round, args.num_rounds):
+    # a privacy budget (dp_target_epsilon) may allow fewer rounds: a function of the settings, the same everywhere
+    last_round, stopped_because = strategy.round_limit(args.num_rounds)
+    for round_index in range(start_round, last_round):
         if not comm.distributed:  # (distributed: the main process decides for all, at the end of each round)
             watch.check(f" before round {round_index + 1}")
         round_start = time.perf_counter()
         clients = strategy.sample(round_index)
+        if comm.distributed and getattr(strategy, "sample_on_main", False):  # drawn from secret randomness
+            clients = comm.broadcast_object(clients)
         learning_rate = strategy.learning_rate(round_index, args.learning_rate * args.lr_decay_per_round**round_index)
         trainer.call_callbacks("on_round_begin", round_index, clients)
 
@@ -128,6 +132,11 @@ def _run(trainer, resume, history_file) -> FederatedTrainOutput:
             progress.close()
             _fail(trainer, reporter, stop)
     progress.close()
+    if stopped_because is not None and comm.is_main:
+        logger.warning("Stopped early: %s.", stopped_because)
+        if trainer.history:
+            trainer.history[-1]["run_stopped"] = stopped_because
+            history_file.write(trainer.history, force=True)
     return _finish(trainer, reporter)
 
 

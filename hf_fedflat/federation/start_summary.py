@@ -96,6 +96,23 @@ def _count(value: float, noun: str) -> str:
     return f"{_number(value)} {noun}{'' if value == 1 else 's'}"
 
 
+def _privacy_line(args, aggregator: str) -> str | None:
+    """The client-level DP set-up of a run whose server rule releases a noised mean (``+dp``), with the epsilon that
+    ``num_rounds`` rounds spend; None for other runs."""
+    from ..algorithms.registry import AGGREGATOR_PLUGINS, split_plugins
+    from ..privacy import ClientLevelAccountant
+
+    if not any(AGGREGATOR_PLUGINS[p].capabilities.noised_release for p in split_plugins(aggregator)[1]):
+        return None
+    rate = args.num_clients_per_round / args.num_clients
+    spent = ClientLevelAccountant(args.dp_noise_multiplier, rate, args.dp_delta).epsilon(args.num_rounds)
+    budget = f", budget {_number(args.dp_target_epsilon)}" if args.dp_target_epsilon is not None else ""
+    return (f"  privacy: client-level DP, clip norm {_number(args.dp_clip_norm)}, noise multiplier "
+            f"{args.dp_noise_multiplier:.4g} added {'on the clients' if args.dp_noise == 'client' else 'by the server'}, "
+            f"Poisson sampling q = {rate:.4g}; epsilon {spent:.4g} at delta {args.dp_delta:.3g} after "
+            f"{_count(args.num_rounds, 'round')}{budget}")
+
+
 def start_of_run_summary(args, partition) -> tuple[str, str | None]:
     """``(the summary block, a warning or None)`` for a run of ``args`` (``FedTrainingArguments``) over
     ``partition`` (a :class:`~hf_fedflat.data.partition.ClientPartition`)."""
@@ -127,6 +144,9 @@ def start_of_run_summary(args, partition) -> tuple[str, str | None]:
     lines.append(f"  partition: {partition.describe_scheme()}, {partition.num_clients} clients, "
                  f"{per_round}; rows per client min {int(sizes.min())} / median "
                  f"{_number(float(np.median(sizes)))} / max {int(sizes.max())}")
+    privacy = _privacy_line(args, aggregator)
+    if privacy:
+        lines.append(privacy)
     labels = client_label_summary(partition.label_counts)
     warning = None
     if labels.num_classes > 1:

@@ -2,7 +2,9 @@
 
 A :class:`Strategy` answers, for the loop in :mod:`hf_fedflat.federation.loop`:
 
-- ``sample(round)``: which clients train (every process asks; the answer is seeded, the same everywhere);
+- ``sample(round)``: which clients train (every process asks; the answer is seeded, the same everywhere; a
+  strategy with ``sample_on_main`` draws secret randomness, and the main process's answer is every process's);
+- ``round_limit(num_rounds)``: ``(rounds to run, why fewer)`` (a privacy budget may end the run early);
 - ``learning_rate(round, learning_rate)``: the round's local learning rate, given the run's schedule (every
   process asks; a server rule may drive it: SWA's cycle);
 - ``send(comm, shares, round)``: what the processes receive for the round (a collective: every process calls it);
@@ -36,6 +38,7 @@ from ..algorithms.base import weighted_sum
 from ..diagnostics.run import tensor_bytes
 from .checkpoint import ClientStateTemplate, Restored
 from .client import ClientStart
+from ..privacy import accountant_for
 from ..sampling import sample_clients
 from ..training.parameters import all_finite
 from .wire import client_states_payload, round_payload, split_payload
@@ -72,6 +75,8 @@ class Strategy(Protocol):
     def start(self, initial: Weights, restored: Restored | None) -> None: ...
 
     def sample(self, round_index: int) -> list[int]: ...
+
+    def round_limit(self, num_rounds: int) -> tuple[int, str | None]: ...
 
     def learning_rate(self, round_index: int, learning_rate: float) -> float: ...
 
@@ -119,6 +124,11 @@ class ServerStrategy:
         self.payload_bytes = 0  # what one client downloads per round
         #: whether the clients' states are kept in ``store`` (False where each node keeps its own: hf_fedflat.flower)
         self.client_states_here = True
+        #: a noised release's privacy mechanism (+dp) and its accountant; None: no privacy claimed
+        self.privacy = algorithm.aggregator.privacy_mechanism()
+        self.accountant = accountant_for(self.privacy)
+        #: the sampling draws from the OS's cryptographic source: the main process's list is every process's
+        self.sample_on_main = bool(self.privacy and self.privacy.get("secure_rng"))
 
     def client_state_template(self, initial: Weights) -> ClientStateTemplate:
         """Every client with state holds each key the pieces declare: a flat vector like the parameters."""
@@ -132,8 +142,27 @@ class ServerStrategy:
             self.weights, self.state = dict(restored.weights), restored.server_state
 
     def sample(self, round_index: int) -> list[int]:
+        """The round's clients: the aggregator's own sampling if it has one (``+dp``: Poisson), else the run's
+        seeded draw of ``clients_per_round`` clients."""
         args = self.args
+        chosen = self.algorithm.aggregator.sample_clients(round_index, args.num_clients, args.num_clients_per_round,
+                                                          args.seed)
+        if chosen is not None:
+            return chosen
         return sample_clients(args.num_clients, args.num_clients_per_round, args.seed, round_index)
+
+    def round_limit(self, num_rounds: int) -> tuple[int, str | None]:
+        """``(rounds to run, why fewer than num_rounds)``: with a privacy budget (``dp_target_epsilon``), the rounds
+        whose composed epsilon stays within it."""
+        target = (self.privacy or {}).get("target_epsilon")
+        if self.accountant is None or target is None:
+            return num_rounds, None
+        rounds = self.accountant.rounds_within(target, num_rounds)
+        if rounds == num_rounds:
+            return num_rounds, None
+        return rounds, (f"dp_target_epsilon={target:g}: round {rounds + 1} would spend epsilon "
+                        f"{self.accountant.epsilon(rounds + 1):.4g} > {target:g} (delta {self.accountant.delta:g}); "
+                        f"the run stopped after round {rounds} of {num_rounds} and saved its model")
 
     def learning_rate(self, round_index: int, learning_rate: float) -> float:
         return self.algorithm.aggregator.client_learning_rate(round_index, learning_rate)
@@ -166,8 +195,9 @@ class ServerStrategy:
     def apply(self, round_index: int, learning_rate: float, updates: list[ClientUpdate],
               weights: torch.Tensor | None) -> dict[str, Any]:
         """Aggregate (unless every client failed), update the server halves and the client-state store."""
-        if not updates:  # the global model stays as it was
-            return {}
+        privacy = {} if self.accountant is None else {"dp_epsilon": self.accountant.epsilon(round_index + 1)}
+        if not updates and not self.algorithm.aggregator.capabilities.noised_release:
+            return privacy  # the global model stays as it was (a noised release releases noise alone)
         params, state = self.algorithm.server_step(
             round_index, self.weights["params"], updates, weights, self.state, self.args.num_clients, learning_rate
         )
@@ -182,7 +212,7 @@ class ServerStrategy:
                 self.template.check_live(update.client_id, update.state)
                 if update.state:
                     self.store.put(update.client_id, update.state)
-        return self.diagnostics.round_metrics(updates, weights, self.payload_bytes)
+        return {**privacy, **(self.diagnostics.round_metrics(updates, weights, self.payload_bytes) if updates else {})}
 
     def model(self) -> Weights:
         return self.weights

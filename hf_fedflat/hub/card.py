@@ -141,9 +141,41 @@ def _table_columns(history: Sequence[Mapping[str, Any]]) -> list[str]:
     if any(_number(r.get("train_loss")) is not None for r in history):
         columns.append("train_loss")
     columns += history_metrics(history)
+    if any(_number(r.get("dp_epsilon")) is not None for r in history):
+        columns.append("dp_epsilon")
     if any(_number(r.get("round_seconds")) is not None for r in history):
         columns.append("round_seconds")
     return columns
+
+
+def _privacy_rows(args: Any, history: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The client-level DP guarantee of a run that recorded the epsilon spent (``dp_epsilon``); none otherwise."""
+    spent = [_number(r.get("dp_epsilon")) for r in history if _number(r.get("dp_epsilon")) is not None]
+    if not spent:
+        return []
+    from ..privacy import ACCOUNTANT, NEIGHBOURING_RELATION
+
+    delta, clip, sigma = _get(args, "dp_delta"), _get(args, "dp_clip_norm"), _get(args, "dp_noise_multiplier")
+    num_clients, per_round = _get(args, "num_clients"), _clients_per_round(args)
+    where = ("by each client before its update leaves it (a share N(0, sigma^2 C^2 / max(n_t, m)) each)"
+             if _get(args, "dp_noise") == "client" else "by the server to the sum of the clipped updates")
+    rows = [("guarantee", f"({spent[-1]:.4g}, {float(delta):.4g})-differential privacy at client level after "
+                          f"{len(spent)} rounds"
+                          + (f" (budget {_hp(_get(args, 'dp_target_epsilon'))})"
+                             if _get(args, "dp_target_epsilon") is not None else "")),
+            ("neighbouring datasets", NEIGHBOURING_RELATION),
+            ("mechanism", f"each sampled client's whole update clipped to L2 norm C = {_hp(clip)}; Gaussian noise "
+                          f"of standard deviation sigma*C on the sum, sigma = {_fmt(sigma)}, added {where}; the sum "
+                          f"divided by m = {per_round}"),
+            ("sampling", f"Poisson: every client with probability q = {_fmt(per_round / num_clients)} per round "
+                         f"({per_round} of {num_clients} expected)" if per_round and num_clients else "Poisson"),
+            ("accountant", ACCOUNTANT),
+            ("not covered", "what the server logs per round (train losses, which clients took part, diagnostics); "
+                            "with noise on the clients and no secure aggregation, the server sees each update with "
+                            "noise sigma*C/sqrt(max(n_t, m)) only"
+                            + ("; the noise is seeded (reproducible): anyone who knows the seed can remove it"
+                               if not _get(args, "dp_secure_rng") else ""))]
+    return rows
 
 
 # -------------------------------------------------------------------------------------------------
@@ -707,7 +739,9 @@ def build_model_card(
     if base_model:
         intro += f" Training started from [`{base_model}`](https://huggingface.co/{base_model})."
     if rounds is not None and records and len(records) < int(rounds):
-        intro += f" **Training in progress: {len(records)} of {rounds} rounds done.**"
+        stopped = records[-1].get("run_stopped")  # (a privacy budget ended the run early)
+        intro += (f" **Stopped after {len(records)} of {rounds} rounds: {stopped}.**" if stopped else
+                  f" **Training in progress: {len(records)} of {rounds} rounds done.**")
     if learning_check and not learning_check.get("learned", True):  # (federation.outcome.learning_check)
         intro += f" **{learning_check['reason'].split('. Check')[0]}.**"
     sections = [f"# {name}", "", intro, "", "## Federated set-up", "",
@@ -728,6 +762,9 @@ def build_model_card(
         sections += ["", "## Results", "", "Evaluated on the held-out set after aggregation (the global model)"
                      + (f"; best by {metric.removeprefix('eval_')}" if metric and "best_round" in final else "") + ".",
                      "", _table(("metric", "value"), rows)]
+    privacy = _privacy_rows(args, records)
+    if privacy:
+        sections += ["", "## Privacy", "", _table(("setting", "value"), privacy)]
     if records:
         indices, stride = select_table_rows(records, int(max_table_rows), metric)
         columns = _table_columns(records)

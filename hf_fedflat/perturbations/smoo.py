@@ -36,6 +36,7 @@ class SMOOPerturbation(Perturbation, SharpnessAware):
 
     name = "smoo"
     client_state_keys = ("mu",)  # its per-client state (see ClientPiece)
+    server_reads_updates = True  # s from each client's mu_i
     passes_per_step = 2
     config_class = SMOOConfig
 

@@ -61,6 +61,7 @@ class WMSAMPerturbation(Perturbation):
 
     name = "wmsam"
     client_state_keys = ("c_i",)  # its per-client state (see ClientPiece)
+    server_reads_updates = True  # c and the momentum's weight from each client's delta
     passes_per_step = 1
     #: hf_fedflat.algorithms.optimizers: refused ("error") or warned ("warn") with another local optimizer
     assumes_plain_sgd = True

@@ -3,7 +3,8 @@
 The first run composes LESAM (per-client old models), SCAFFOLD (c_i, c) and FedGH: every kind of state crosses
 the exchange. The others carry the newer methods' state: FedGMT's duals and moving average under an ASAM client
 (whose weight mask is built in each process), FedWMSAM's momentum, variates and weight behind FedGH, and
-FedGloSS's sent weights, dual and pseudo-gradient with FedGH and SWA's cyclic learning rate and average."""
+FedGloSS's sent weights, dual and pseudo-gradient with FedGH and SWA's cyclic learning rate and average; and
+client-level DP, whose sampling and client noise every process draws alike."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ ALGORITHMS = {
     "fedgloss+fedgh+swa": ["--fed_algorithm", "fedgloss+fedgh+swa", "--swa_start_fraction", "0.25",
                            "--swa_cycle_rounds", "2", "--rho_warmup_rounds", "3", "--rho_start", "0.01",
                            "--fedgloss_rho", "0.1", "--clients_per_round", "3"],
+    # client-level DP: Poisson sampling on every process, each client's noise drawn where it trains
+    "fedlesam+dp": ["--fed_algorithm", "fedlesam+dp", "--dp_noise", "client", "--dp_noise_multiplier", "1.0",
+                    "--dp_clip_norm", "0.5"],
 }
 
 

@@ -124,3 +124,16 @@ def test_callback_prints_the_block_when_info_logs_are_not_shown(args, capsys):
     finally:
         logger.setLevel(level)
     assert capsys.readouterr().out.startswith("Run: fedavg")
+
+
+def test_a_private_run_states_its_mechanism_and_the_epsilon_its_rounds_spend(tmp_path):
+    from hf_fedflat.privacy import ClientLevelAccountant
+
+    private = FedTrainingArguments(output_dir=str(tmp_path), fed_algorithm="dp_fedsam", num_clients=6,
+                                   clients_per_round=3, num_rounds=10)
+    spent = ClientLevelAccountant(0.95, 0.5, 1 / 60).epsilon(10)
+    assert (f"  privacy: client-level DP, clip norm 0.2, noise multiplier 0.95 added on the clients, Poisson "
+            f"sampling q = 0.5; epsilon {spent:.4g} at delta 0.0167 after 10 rounds\n") in \
+        start_of_run_summary(private, partition_of(SKEWED))[0]
+    plain = FedTrainingArguments(output_dir=str(tmp_path), fed_algorithm="fedsam", num_clients=6)
+    assert "privacy" not in start_of_run_summary(plain, partition_of(SKEWED))[0]

@@ -31,3 +31,18 @@ def test_flower_rounds_give_the_builtin_model(tmp_path, algorithm, clients_per_r
     for record in got:
         assert sorted(record["node_bytes"]) == sorted(str(c) for c in record["clients"])
         assert all(down > 0 and up > 0 for down, up in record["node_bytes"].values())
+
+
+def test_client_level_dp_noise_is_added_on_the_nodes_as_in_the_builtin_run(tmp_path):
+    """``dp_fedsam`` adds each client's noise in the client's own code, here on its node: the deployed run gives
+    ``hf-fedflat train``'s model and the same epsilon after every round (Poisson-sampled clients included)."""
+    changes = {"fed_algorithm": "dp_fedsam", "clients_per_round": 2, "num_rounds": 3}
+    builtin = train_builtin(tmp_path, **changes)
+    flower, _ = run_in_process(tmp_path, **changes)
+    assert max_difference(final_weights(builtin), final_weights(flower)) == 0.0
+    with open(os.path.join(builtin, "history.json")) as f:
+        expected = json.load(f)
+    with open(os.path.join(flower, "history.json")) as f:
+        got = json.load(f)
+    assert [r["clients"] for r in got] == [r["clients"] for r in expected]
+    assert [r["dp_epsilon"] for r in got] == [r["dp_epsilon"] for r in expected] and got[-1]["dp_epsilon"] > 0
