@@ -192,6 +192,9 @@ def command_problems(command: str) -> list[str]:
         types, args = _recipe_types(ROOT / tokens[1]), tokens[2:]
     elif tokens[:2] == ["hf-fedflat", "train"]:
         types, args = train_argument_types(), tokens[2:]
+    elif tokens[:2] == ["hf-fedflat", "flower-app"]:  # its own flags, then any flag of hf-fedflat train
+        own = _flags(re.findall(r"--[a-z_-]+", _subcommand_help("flower-app")))
+        types, args = train_argument_types(), [t for t in tokens[2:] if t.split("=", 1)[0] not in own or t == "--config"]
     elif tokens[0] == "hf-fedflat" and len(tokens) > 1:
         text = _subcommand_help(tokens[1])
         return [f"{flag} is not a flag of hf-fedflat {tokens[1]}" for flag in _flags(tokens[2:])
