@@ -14,6 +14,7 @@ The CLI (``hf-fedflat train``) and the recipes share this: four argument datacla
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -191,10 +192,12 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
     model = build_model(model_args, data, processing_class)
     lora_save = "merged"
     if lora_args is not None and lora_args.use_lora:
-        from ..models.lora import apply_lora
+        from ..models.lora import DEFAULT_LORA_TARGET_MODULES, apply_lora, resolved_target_modules
 
         model = apply_lora(model, lora_args, task=task if model_args.model_name_or_path else None)
         lora_save = lora_args.lora_save
+        if lora_args.lora_target_modules == DEFAULT_LORA_TARGET_MODULES:  # the targets chosen for this model
+            lora_args = dataclasses.replace(lora_args, lora_target_modules=resolved_target_modules(model))
     card_kwargs = {"dataset_name": data.name, "dataset_id": data.hub_id, "base_model": _base_model(model_args, model),
                    "task": task, "license": model_args.license}
     callbacks = list(callbacks or [])
