@@ -266,9 +266,15 @@ def _is_linear(module: nn.Module) -> bool:
 
 def _names_regex(names: list[str]) -> str:
     """One regular expression fully matching ``names`` and the same layers of every other block: each
-    ``.<number>.`` becomes ``.\\d+.``, so the expression stays short for a model of any depth."""
-    patterns = sorted({re.sub(r"\\\.\d+(?=\\\.)", r"\\.\\d+", re.escape(name)) for name in names})
-    return patterns[0] if len(patterns) == 1 else "(" + "|".join(patterns) + ")"
+    ``.<number>.`` becomes ``.\\d+.`` and layers of one parent are grouped, so the expression stays short for a
+    model of any depth (``distilbert\\.transformer\\.layer\\.\\d+\\.attention\\.(k_lin|q_lin)``)."""
+    leaves: dict[str, set[str]] = {}
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        leaves.setdefault(re.sub(r"\\\.\d+(?=\\\.|$)", r"\\.\\d+", re.escape(parent)), set()).add(re.escape(leaf))
+    groups = [(f"{parent}\\." if parent else "") + (next(iter(leaf)) if len(leaf) == 1 else f"({'|'.join(sorted(leaf))})")
+              for parent, leaf in sorted(leaves.items())]
+    return groups[0] if len(groups) == 1 else "(" + "|".join(groups) + ")"
 
 
 def _attention_projections(model: nn.Module, excluded: list[str]) -> list[str]:

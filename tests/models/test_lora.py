@@ -404,3 +404,42 @@ def test_lora_trains_and_both_saved_forms_reload_to_the_trained_model_on_every_f
         assert case["new_layers"], "a published checkpoint has no task head"
     np.testing.assert_allclose(loaded["adapter"], case["logits"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(loaded["merged"], case["logits"], rtol=1e-4, atol=1e-5)
+
+
+def _tiny_distilbert_classifier(tmp_path):
+    from hf_fedflat.data.tiny_text import train_word_tokenizer
+    from hf_fedflat.models.arguments import ModelArguments
+    from hf_fedflat.models.auto import build_auto_model
+
+    base = tiny_family_dir(tmp_path / "distilbert", "distilbert", train_word_tokenizer("bert"))
+    model = build_auto_model(ModelArguments(model_name_or_path=base), task="text-classification",
+                             label_names=["neg", "pos"])
+    assert type(model).__name__ == "DistilBertForSequenceClassification"
+    return model
+
+
+def test_targets_without_a_peft_mapping_are_the_attention_projections_and_new_layers_are_saved(tmp_path):
+    """DistilBERT (no peft default): q_lin/k_lin/v_lin/out_lin of each attention block get adapters; the head layers
+    its MLM checkpoint lacks (pre_classifier, classifier) are trained in full, never wrapped twice."""
+    from hf_fedflat.models.lora import resolved_target_modules
+
+    model = apply_lora(_tiny_distilbert_classifier(tmp_path), LORA, task="text-classification")
+    adapted = sorted({n.split(".lora_A.")[0].removeprefix("base_model.model.") for n, _ in model.named_parameters()
+                      if ".lora_A." in n})
+    assert adapted == [f"distilbert.transformer.layer.{i}.attention.{p}" for i in range(2)
+                       for p in ("k_lin", "out_lin", "q_lin", "v_lin")]
+    assert resolved_target_modules(model) == r"distilbert\.transformer\.layer\.\d+\.attention\.(k_lin|out_lin|q_lin|v_lin)"
+    full = {n.split(".modules_to_save.")[0].removeprefix("base_model.model.") for n, p in model.named_parameters()
+            if p.requires_grad and ".modules_to_save." in n}
+    assert full == {"pre_classifier", "classifier"}
+
+
+def test_all_linear_leaves_the_head_to_modules_to_save_and_a_target_on_the_head_is_refused(tmp_path):
+    model = apply_lora(_tiny_distilbert_classifier(tmp_path), LoraArguments(use_lora=True, lora_target_modules="all-linear"),
+                       task="text-classification")
+    wrapped = {n.split(".lora_A.")[0] for n, _ in model.named_parameters() if ".lora_A." in n}
+    assert wrapped and not any("classifier" in n for n in wrapped)  # peft alone would wrap pre_classifier, then fail
+    with pytest.raises(ValueError, match=r"^lora_target_modules: 'q_lin,pre_classifier' matches pre_classifier, which is "
+                                         r"trained in full \(modules_to_save: "):
+        apply_lora(_tiny_distilbert_classifier(tmp_path), LoraArguments(use_lora=True,
+                   lora_target_modules="q_lin,pre_classifier"), task="text-classification")
