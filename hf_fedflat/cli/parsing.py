@@ -4,7 +4,7 @@
 (``HfArgumentParser`` underneath). What wins, from strongest to weakest:
 
 1. the flags given (``--num_rounds 50``);
-2. ``--config run.yaml`` (or a lone ``run.yaml`` argument): any field of the parsed dataclasses; a value
+2. ``--config run.yaml`` (or ``run.yaml`` as the first argument): any field of the parsed dataclasses; a value
    written as a string (YAML 1.1 reads ``1e-4`` as one) is converted to the field's type like a flag, a number
    given to a text field becomes its text (``fed_algorithm: 5`` is ``"5"``, as ``--fed_algorithm 5``), and
    one that is not of that type raises ``ValueError("<field>: ...")``; an unknown key is refused;
@@ -278,14 +278,18 @@ def _to_int(text: str) -> int:
 
 
 def split_config(argv: Sequence[str]) -> tuple[str | None, list[str]]:
-    """``(the --config path or a lone .yaml/.json argument, the other arguments)``."""
+    """``(the --config path or a .yaml/.json first argument, the other arguments)``: ``train x.yaml --num_rounds 2``
+    reads the file and lets the flags win, as ``--config x.yaml --num_rounds 2`` does."""
     argv = list(argv)
-    if len(argv) == 1 and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
-        return argv[0], []
+    positional = None
+    if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
+        positional, argv = argv[0], argv[1:]
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, rest = pre.parse_known_args(argv)
-    return known.config, rest
+    if positional is not None and known.config is not None:
+        raise ConfigError(f"config: given twice ({positional} and --config {known.config}); give one file.")
+    return positional or known.config, rest
 
 
 def wants_smoke(argv: Sequence[str], config: dict[str, Any] | None = None) -> bool:

@@ -99,6 +99,19 @@ def test_precedence_flags_over_config_over_smoke_over_recipe_defaults(tmp_path, 
     assert parsed(["--config", str(config)]).fed_algorithm == "fedgam"  # the file leaves the rest to the recipe
 
 
+def test_a_config_file_first_then_flags_reads_the_file_and_the_flags_win(tmp_path, nothing_loads, capsys):
+    """`hf-fedflat train x.yaml --num_rounds 2`: the file as the first argument, as `--config x.yaml`."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"output_dir: {tmp_path / 'out'}\nfed_algorithm: fedsam\nnum_rounds: 30\nrho: 0.2\n")
+    _, _, _, args = parse_train_args([str(config), "--num_rounds", "2"])
+    assert (args.fed_algorithm, args.num_rounds, args.rho) == ("fedsam", 2, 0.2)
+    _, _, _, args = parse_train_args([str(config)])
+    assert args.num_rounds == 30
+    assert main(["train", str(config), "--config", str(config)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"hf-fedflat train: error: config: given twice ({config} and --config {config}); give one file.")
+
+
 def test_train_help_lists_federated_fields_before_the_inherited_ones(capsys):
     text = help_text(lambda: main(["train", "--help"]), capsys)
     assert text.index("--fed_algorithm") < text.index("--num_clients") < text.index("--adam_beta1")
