@@ -233,7 +233,7 @@ def test_refused_fields_at_their_default_or_switched_off_are_fine(tmp_path):
 
 def test_help_marks_the_refused_fields(capsys):
     with pytest.raises(SystemExit):
-        main(["train", "--help"])
+        main(["train", "--help-all"])
     text = " ".join(capsys.readouterr().out.split())
     assert ("--num_train_epochs FLOAT Refused by federated runs unless left at its default: set local_epochs" in text)
 

@@ -112,8 +112,36 @@ def test_a_config_file_first_then_flags_reads_the_file_and_the_flags_win(tmp_pat
         f"hf-fedflat train: error: config: given twice ({config} and --config {config}); give one file.")
 
 
-def test_train_help_lists_federated_fields_before_the_inherited_ones(capsys):
+def _option_lines(text: str) -> list[str]:
+    return re.findall(r"^  (?:-h, )?(--[\w-]+)", text, flags=re.M)
+
+
+def test_train_help_shows_the_users_fields_then_the_chosen_algorithms_hyperparameters_then_names(capsys):
+    """`--help`: model, data, rounds and clients described first, then the hyperparameters of --fed_algorithm (at
+    that preset's defaults; given before or after --help), then every other field by name only."""
     text = help_text(lambda: main(["train", "--help"]), capsys)
+    options = _option_lines(text)
+    assert options[:6] == ["--help", "--help-all", "--config", "--model_name", "--model_name_or_path", "--task"]
+    assert options.index("--dataset_name") < options.index("--fed_algorithm") < options.index("--num_rounds") \
+        < options.index("--num_clients") < options.index("--learning_rate")
+    assert "hyperparameters of fedavg" in text and options[-1] == "--server_learning_rate"  # FedAvg's one
+    assert "--rho FLOAT" not in text and " --rho " in text  # another algorithm's: by name only
+    assert "--adam_beta1" in text and "--adam_beta1 FLOAT" not in text
+    assert len(text.splitlines()) < 200
+    for argv in (["train", "--fed_algorithm", "fedsam", "--help"], ["train", "--help", "--fed_algorithm=fedsam"]):
+        text = help_text(lambda: main(argv), capsys)
+        section = text[text.index("hyperparameters of fedsam"):text.index("every other field, by name")]
+        assert _option_lines(section) == ["--rho", "--rho_start", "--rho_warmup_rounds", "--server_learning_rate"]
+        assert "(default: 0.05)" in " ".join(section[:section.index("--rho_start")].split())
+    text = help_text(lambda: main(["train", "--fed_algorithm", "fedgloss", "--help"]), capsys)
+    section = " ".join(text[text.index("hyperparameters of fedgloss"):text.index("every other field, by name")].split())
+    assert "--fedgloss_rho FLOAT" in section and "--rho_warmup_rounds INT" in section and "(default: 2000)" in section
+    text = help_text(lambda: main(["train", "--fed_algorithm", "nosuch", "--help"]), capsys)
+    assert "unknown algorithm: `hf-fedflat list` names them." in text
+
+
+def test_train_help_all_lists_federated_fields_before_the_inherited_ones(capsys):
+    text = help_text(lambda: main(["train", "--help-all"]), capsys)
     assert text.index("--fed_algorithm") < text.index("--num_clients") < text.index("--adam_beta1")
     assert text.index("federated options") < text.index("data options") < text.index("inherited Trainer options")
     first_inherited = text.index("inherited Trainer options")
