@@ -295,7 +295,7 @@ def test_causal_lm_chosen_metrics_and_generations_in_history_and_tensorboard(ass
     assert any("generations" in tag for tag in tensors)
 
 
-def test_token_classification_end_to_end_entity_f1_reproduced(tmp_path):
+def test_token_classification_end_to_end_entity_f1_reproduced(tmp_path, capsys):
     from seqeval.metrics import f1_score
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -320,6 +320,8 @@ def test_token_classification_end_to_end_entity_f1_reproduced(tmp_path):
         predicted.append([model.config.id2label[ids[i]] for i in first])
         truth.append(sentence["ner_tags"])
     assert last["eval_f1"] == pytest.approx(f1_score(truth, predicted), abs=1e-9)
+    # the end-of-run table headlines entity F1, as the model card ranks by it (not token accuracy)
+    assert f"| final eval_f1 |" in capsys.readouterr().out
     assert {"eval_precision", "eval_recall", "eval_accuracy"} <= set(last)
     part = json.loads((tmp_path / "run" / "partition.json").read_text())
     assert part["scheme"] == "dirichlet"

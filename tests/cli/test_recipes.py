@@ -139,7 +139,7 @@ def test_quickstart_and_compare_algorithms_take_smoke(tmp_path):
 
 
 
-def test_text_recipes_smoke_offline(tmp_path, one_thread):
+def test_text_recipes_smoke_offline(tmp_path, one_thread, capsys):
     """`recipes/llm_lora.py --smoke` and `recipes/text_classification.py --smoke`: a tiny model, tokenizer and data
     in the real formats written under <output_dir>/smoke_assets, 2 rounds, the metrics of each task."""
     experiment, output = load_recipe("llm_lora").main(["--smoke", "--output_dir", str(tmp_path / "llm"),
@@ -150,6 +150,8 @@ def test_text_recipes_smoke_offline(tmp_path, one_thread):
     assert experiment.data.task == "causal-lm" and (tmp_path / "llm" / "smoke_assets" / "data" / "alpaca_data.json").is_file()
     names = experiment.trainer.space.names
     assert names and all("lora_" in n for n in names)  # only the adapters are federated
+    # the end-of-run line reports what the card ranks by: a causal LM's perplexity (it has no accuracy)
+    assert f"final perplexity {last['eval_perplexity']:.4f}; model and card in" in capsys.readouterr().out
     experiment, output = load_recipe("text_classification").main(
         ["--smoke", "--output_dir", str(tmp_path / "cls"), "--disable_tqdm", "true"])
     assert [r["round"] for r in output.history] == [1, 2] and 0.0 <= output.history[-1]["eval_accuracy"] <= 1.0
@@ -157,7 +159,7 @@ def test_text_recipes_smoke_offline(tmp_path, one_thread):
     assert experiment.args.partition_scheme == "dirichlet"
 
 
-def test_token_classification_recipe_smoke_offline(tmp_path, one_thread):
+def test_token_classification_recipe_smoke_offline(tmp_path, one_thread, capsys):
     """`recipes/token_classification.py --smoke`: a tiny BERT token classifier, a WordPiece tokenizer and CoNLL files
     written under <output_dir>/smoke_assets, 2 rounds, entity-level metrics in the history."""
     experiment, output = load_recipe("token_classification").main(
@@ -165,6 +167,7 @@ def test_token_classification_recipe_smoke_offline(tmp_path, one_thread):
     assert [r["round"] for r in output.history] == [1, 2]
     last = output.history[-1]
     assert all(0.0 <= last[f"eval_{k}"] <= 1.0 for k in ("f1", "precision", "recall", "accuracy"))
+    assert f"final f1 {last['eval_f1']:.4f}; model and card in" in capsys.readouterr().out  # entity F1, as the card
     assert experiment.data.task == "token-classification" and experiment.data.label_names[0] == "O"
     assert (tmp_path / "smoke_assets" / "conll" / "train.txt").is_file()
     config = json.loads((tmp_path / "final_model" / "config.json").read_text())
