@@ -392,7 +392,8 @@ def lora_settings(source: Any) -> dict[str, Any] | None:
                 "modules_to_save": source.get("lora_modules_to_save"), "save": source.get("lora_save")}
     if str(getattr(source.get("peft_type"), "value", source.get("peft_type"))).upper() != "LORA":
         return None
-    return {key: source.get(key) for key in ("r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save")}
+    return {key: source.get(key) for key in ("r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save",
+                                             "save")}  # save: how the folder holds it, when the caller knows
 
 
 def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence[Mapping[str, Any]],

@@ -12,6 +12,7 @@ import textwrap
 import datasets
 import numpy as np
 import pytest
+import yaml
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file, save_file
@@ -336,6 +337,7 @@ def family_runs(tmp_path_factory):
     from hf_fedflat.cli.experiment import run_experiment
     from hf_fedflat.cli.parsing import parse_train_args
     from hf_fedflat.models.auto import newly_initialised_modules
+    from hf_fedflat.models.lora import resolved_target_modules
 
     root = tmp_path_factory.mktemp("families")
     data = _family_data(root)
@@ -362,7 +364,11 @@ def family_runs(tmp_path_factory):
                        "trainable": list(experiment.trainer.space.names),
                        "new_layers": list(newly_initialised_modules(model.get_base_model())),
                        "lora_b_moved": all(p.abs().max() > 0 for n, p in model.named_parameters() if "lora_B" in n),
-                       "history": output.history}
+                       "history": output.history,
+                       "card_lora_row": next((line for line in card.splitlines() if line.startswith("| LoRA |")), ""),
+                       "recorded_targets": yaml.safe_load((root / name / "run" / "final_model" / "run_config.yaml")
+                                                          .read_text())["lora_target_modules"],
+                       "targets": resolved_target_modules(model)}
     script = NO_FEDFLAT + textwrap.dedent(f"""
         import contextlib, io, json, torch, transformers
         cases = json.loads({json.dumps(json.dumps({n: {k: c[k] for k in ("ids", "merged", "task", "snippet")}
@@ -402,6 +408,10 @@ def test_lora_trains_and_both_saved_forms_reload_to_the_trained_model_on_every_f
         assert any(".".join(parts[:i]) in saved for i in range(1, len(parts) + 1)), (layer, saved)
     if task != "causal-lm":
         assert case["new_layers"], "a published checkpoint has no task head"
+    # run_config.yaml records the targets the run used (a rerun from it adapts the same layers); the card says how
+    # the folder holds the model
+    assert case["recorded_targets"] == case["targets"]
+    assert "saved as the adapter alone" in case["card_lora_row"]
     np.testing.assert_allclose(loaded["adapter"], case["logits"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(loaded["merged"], case["logits"], rtol=1e-4, atol=1e-5)
 
