@@ -39,18 +39,32 @@ def build_model(model_args: ModelArguments, data: FederatedData, processing_clas
         from ..models.auto import build_auto_model, resolve_task
 
         task = resolve_task(model_args, getattr(data, "task", None))
-        names = getattr(data, "label_names", None)
+        names = _label_names(data)
         return build_auto_model(model_args, task=task, label_names=names,
                                 num_labels=None if names or task == "causal-lm" else data.num_classes,
                                 processing_class=processing_class)
 
     model = _create_named_model(model_args, data)
-    names = getattr(data, "label_names", None)
+    names = _label_names(data)
     config = getattr(model, "config", None)
     if names and config is not None and len(names) == config.num_labels:  # real class names in config.json
         config.id2label = dict(enumerate(str(n) for n in names))
         config.label2id = {str(n): i for i, n in enumerate(names)}
     return model
+
+
+def _label_names(data: FederatedData) -> list[str] | None:
+    """The class names of ``data``: its own, else its label column's ``ClassLabel`` names (digits' "0".."9"), so
+    ``id2label`` names the classes instead of ``LABEL_<i>``."""
+    names = getattr(data, "label_names", None)
+    if names:
+        return list(names)
+    import datasets
+
+    feature = getattr(getattr(data, "train", None), "features", {}).get(getattr(data, "label_column", None) or "label")
+    if isinstance(feature, datasets.ClassLabel) and len(feature.names) == data.num_classes:
+        return list(feature.names)
+    return None
 
 
 def _create_named_model(model_args: ModelArguments, data: FederatedData):
