@@ -226,7 +226,7 @@ def _build(data_args, model_args, args, lora_args, callbacks) -> Experiment:
                                ("preprocess_logits_for_metrics", getattr(data, "preprocess_logits_for_metrics", None)))
              if v is not None}
     if metric_names:  # the chosen metrics instead of the task's default (hf_fedflat.metrics.selection)
-        extra.update(trainer_metrics(task, metric_names, label_names=getattr(data, "label_names", None),
+        extra.update(trainer_metrics(task, metric_names, label_names=_label_names(data),
                                      compute_metrics=extra.get("compute_metrics"),
                                      preprocess_logits_for_metrics=extra.get("preprocess_logits_for_metrics")))
     trainer = create_trainer(model, args, data.train, data.eval, partition=data.partition,

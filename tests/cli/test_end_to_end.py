@@ -251,6 +251,7 @@ def test_chosen_classification_metrics_equal_sklearn_and_reach_history_and_tenso
     assert last["eval_accuracy"] == pytest.approx(np.mean(np.array(predicted) == labels), abs=1e-9)
     assert last["eval_f1_macro"] == pytest.approx(f1_score(labels, predicted, average="macro"), abs=1e-9)
     assert last["eval_f1_micro"] == pytest.approx(f1_score(labels, predicted, average="micro"), abs=1e-9)
+    assert last["eval_f1"] == pytest.approx(f1_score(labels, predicted), abs=1e-9)  # two classes: binary, of "pos"
     assert last["eval_matthews"] == pytest.approx(matthews_corrcoef(labels, predicted), abs=1e-9)
     assert len(set(predicted)) == 2  # both classes predicted: the scores are not a constant guess's
     assert "eval_precision_macro" not in last and "eval_recall_micro" not in last  # only what was chosen
