@@ -331,7 +331,10 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
             trainable itself, a causal LM trains adapters only); an image classifier keeps its head in
             ``modules_to_save``. With the default ``lora_target_modules`` a transformers model gets peft's
             targets for its ``model_type`` (``query``/``value`` for BERT, ``c_attn`` for GPT-2,
-            ``q_proj``/``v_proj`` for Llama), or ``all-linear`` when peft has none that match.
+            ``q_proj``/``v_proj`` for Llama), or, when peft has none that match, the linear layers of its
+            attention modules (DistilBERT's ``q_lin``, ``k_lin``, ``v_lin``, ``out_lin``). Never a layer that
+            ``modules_to_save`` takes; the layers the checkpoint lacks (:func:`~.auto.newly_initialised_modules`)
+            join ``modules_to_save``, so an adapter reloads to the model that was trained.
 
     Returns:
         A ``peft.PeftModel`` whose only parameters with ``requires_grad`` are the ``lora_A``/``lora_B``
@@ -340,8 +343,8 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
 
     Raises:
         ValueError: ``lora_target_modules`` matches no module of the model (the message lists some of
-            its linear layers), ``lora_modules_to_save`` names a missing module or cannot be guessed,
-            or ``model`` is already a peft model.
+            its linear layers) or a module ``modules_to_save`` trains in full, ``lora_modules_to_save`` names a
+            missing module or cannot be guessed, or ``model`` is already a peft model.
     """
     if not lora_args.use_lora:
         return model
