@@ -256,8 +256,9 @@ def _arrange_short_help(parser: argparse.ArgumentParser, chosen: dict[str, str |
         sections.append((f"hyperparameters of {label}", [], "unknown algorithm: `hf-fedflat list` names them."))
     else:
         own = [actions.pop(n) for n in algorithm if n in actions]
-        for action in own:
-            action.default = algorithm[action.dest]  # shown as this algorithm's default (help exits next)
+        for action in own:  # unset: shown at this algorithm's default (help exits next); a config's value stays
+            if action.default is None:
+                action.default = algorithm[action.dest]
         sections.append((f"hyperparameters of {label} (`--fed_algorithm <name> --help` shows another's)", own,
                          None if own else "none: it has no hyperparameters."))
     # every other field: one wrapped line of flag names per original group

@@ -116,7 +116,7 @@ def _option_lines(text: str) -> list[str]:
     return re.findall(r"^  (?:-h, )?(--[\w-]+)", text, flags=re.M)
 
 
-def test_train_help_shows_the_users_fields_then_the_chosen_algorithms_hyperparameters_then_names(capsys):
+def test_train_help_shows_the_users_fields_then_the_chosen_algorithms_hyperparameters_then_names(capsys, tmp_path):
     """`--help`: model, data, rounds and clients described first, then the hyperparameters of --fed_algorithm (at
     that preset's defaults; given before or after --help), then every other field by name only."""
     text = help_text(lambda: main(["train", "--help"]), capsys)
@@ -136,6 +136,11 @@ def test_train_help_shows_the_users_fields_then_the_chosen_algorithms_hyperparam
     text = help_text(lambda: main(["train", "--fed_algorithm", "fedgloss", "--help"]), capsys)
     section = " ".join(text[text.index("hyperparameters of fedgloss"):text.index("every other field, by name")].split())
     assert "--fedgloss_rho FLOAT" in section and "--rho_warmup_rounds INT" in section and "(default: 2000)" in section
+    config = tmp_path / "run.yaml"  # the config file's algorithm and values, as the run would read them
+    config.write_text("fed_algorithm: fedsam\nrho: 0.2\n")
+    text = help_text(lambda: main(["train", str(config), "--help"]), capsys)
+    section = " ".join(text[text.index("hyperparameters of fedsam"):text.index("every other field, by name")].split())
+    assert "--rho FLOAT" in section and "(default: 0.2)" in section
     text = help_text(lambda: main(["train", "--fed_algorithm", "nosuch", "--help"]), capsys)
     assert "unknown algorithm: `hf-fedflat list` names them." in text
 
