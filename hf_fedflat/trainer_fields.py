@@ -231,6 +231,18 @@ def _json_object(name, value, args):
     fail(name, f"must be a mapping (a JSON object), got {value!r}.")
 
 
+#: schedules transformers builds without a warm-up: a warmup_steps given with them would do nothing
+_SCHEDULES_WITHOUT_WARMUP = ("constant", "reduce_lr_on_plateau")
+
+
+def _warmup_steps(name, value, args):
+    check_number(name, value, low=0.0)
+    schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    if value and schedule in _SCHEDULES_WITHOUT_WARMUP:
+        fail(name, f"the {schedule} schedule (lr_scheduler_type) has no warm-up, so {value:g} would do nothing; pass "
+                   f"--lr_scheduler_type constant_with_warmup (or linear, cosine), or leave warmup_steps at 0.")
+
+
 def _prefetch_factor(name, value, args):
     if value is None:
         return
@@ -316,7 +328,7 @@ INHERITED_CHECKS: tuple[tuple[str, Check], ...] = (
     ("adam_epsilon", _number(low=0.0)),
     ("lr_scheduler_type", _enum(_scheduler_types)),
     ("lr_scheduler_kwargs", _json_object),
-    ("warmup_steps", _number(low=0.0)),
+    ("warmup_steps", _warmup_steps),
     ("dataloader_num_workers", _integer(low=0)),
     ("dataloader_prefetch_factor", _prefetch_factor),
     ("dataloader_drop_last", _boolean()),

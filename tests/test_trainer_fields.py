@@ -63,6 +63,7 @@ BAD_VALUES = [
     ("epsilon_negative", {"adam_epsilon": -1e-8}, "adam_epsilon"),
     ("epsilon_nan", {"adam_epsilon": NAN}, "adam_epsilon"),
     ("warmup_negative", {"warmup_steps": -1.0}, "warmup_steps"),
+    ("warmup_under_constant_schedule", {"warmup_steps": 100}, "warmup_steps"),
     ("optim_unknown", {"optim": "adamz"}, "optim"),
     ("optim_args_malformed", {"optim_args": "momentum"}, "optim_args"),
     ("scheduler_unknown", {"lr_scheduler_type": "cosine_wobble"}, "lr_scheduler_type"),
@@ -101,6 +102,16 @@ def test_bad_value_in_python_names_the_field(tmp_path, overrides, field):
         FedTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, num_clients=4, clients_per_round=2,
                              **overrides)
     assert snapshot(tmp_path) == before
+
+
+def test_warmup_steps_needs_a_schedule_with_a_warm_up(tmp_path):
+    with pytest.raises(ValueError, match=r"^warmup_steps: the constant schedule \(lr_scheduler_type\) has no warm-up, so "
+                                         r"100 would do nothing; pass --lr_scheduler_type constant_with_warmup \(or "
+                                         r"linear, cosine\), or leave warmup_steps at 0\.$"):
+        FedTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, warmup_steps=100)
+    args = FedTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, warmup_steps=100,
+                                lr_scheduler_type="constant_with_warmup")
+    assert args.warmup_steps == 100
 
 
 def cli_base(out: Path) -> list[str]:
@@ -233,7 +244,7 @@ def test_refused_fields_at_their_default_or_switched_off_are_fine(tmp_path):
 
 def test_help_marks_the_refused_fields(capsys):
     with pytest.raises(SystemExit):
-        main(["train", "--help"])
+        main(["train", "--help-all"])
     text = " ".join(capsys.readouterr().out.split())
     assert ("--num_train_epochs FLOAT Refused by federated runs unless left at its default: set local_epochs" in text)
 

@@ -124,7 +124,7 @@ register_preset(AlgorithmSpec(
     "One-pass SAM along the momentum's predicted path, mixed with a personalized server momentum whose weight "
     "adapts each round; SCAFFOLD variates.",
     "Li et al., FedWMSAM: Fast and Flat Federated Learning via Weighted Momentum and Sharpness-Aware Minimization, "
-    "NeurIPS 2025"))
+    "NeurIPS 2025", defaults=UNIFORM))
 
 # --- newer flatness methods: FedGloSS, FedSWA (server halves; FedSWA is the +swa plug-in on any server preset) ---
 register_preset(AlgorithmSpec(

@@ -62,7 +62,11 @@ def train_main(argv: Sequence[str]) -> int:
             raise
         return status
     if group.is_main:
-        print(format_comparison([summarize_run(args.output_dir).row(COMPARE_COLUMNS)]))
+        from ..hub.card import primary_metric
+
+        # the metric the model card ranks by: entity F1 for token classification, perplexity for a causal LM
+        metric = primary_metric(output.history, experiment.data.task)
+        print(format_comparison([summarize_run(args.output_dir, metric).row(COMPARE_COLUMNS)]))
         print(f"\nFinal model and model card: {output.final_model_dir}")
     return 0
 

@@ -14,6 +14,7 @@ The CLI (``hf-fedflat train``) and the recipes share this: four argument datacla
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -39,18 +40,32 @@ def build_model(model_args: ModelArguments, data: FederatedData, processing_clas
         from ..models.auto import build_auto_model, resolve_task
 
         task = resolve_task(model_args, getattr(data, "task", None))
-        names = getattr(data, "label_names", None)
+        names = _label_names(data)
         return build_auto_model(model_args, task=task, label_names=names,
                                 num_labels=None if names or task == "causal-lm" else data.num_classes,
                                 processing_class=processing_class)
 
     model = _create_named_model(model_args, data)
-    names = getattr(data, "label_names", None)
+    names = _label_names(data)
     config = getattr(model, "config", None)
     if names and config is not None and len(names) == config.num_labels:  # real class names in config.json
         config.id2label = dict(enumerate(str(n) for n in names))
         config.label2id = {str(n): i for i, n in enumerate(names)}
     return model
+
+
+def _label_names(data: FederatedData) -> list[str] | None:
+    """The class names of ``data``: its own, else its label column's ``ClassLabel`` names (digits' "0".."9"), so
+    ``id2label`` names the classes instead of ``LABEL_<i>``."""
+    names = getattr(data, "label_names", None)
+    if names:
+        return list(names)
+    import datasets
+
+    feature = getattr(getattr(data, "train", None), "features", {}).get(getattr(data, "label_column", None) or "label")
+    if isinstance(feature, datasets.ClassLabel) and len(feature.names) == data.num_classes:
+        return list(feature.names)
+    return None
 
 
 def _create_named_model(model_args: ModelArguments, data: FederatedData):
@@ -226,10 +241,12 @@ def _build(data_args, model_args, args, lora_args, callbacks, own_client: int | 
     model = build_model(model_args, data, processing_class)
     lora_save = "merged"
     if lora_args is not None and lora_args.use_lora:
-        from ..models.lora import apply_lora
+        from ..models.lora import DEFAULT_LORA_TARGET_MODULES, apply_lora, resolved_target_modules
 
         model = apply_lora(model, lora_args, task=task if model_args.model_name_or_path else None)
         lora_save = lora_args.lora_save
+        if lora_args.lora_target_modules == DEFAULT_LORA_TARGET_MODULES:  # the targets chosen for this model
+            lora_args = dataclasses.replace(lora_args, lora_target_modules=resolved_target_modules(model))
     card_kwargs = {"dataset_name": data.name, "dataset_id": data.hub_id, "base_model": _base_model(model_args, model),
                    "task": task, "license": model_args.license}
     callbacks = list(callbacks or [])
@@ -244,7 +261,7 @@ def _build(data_args, model_args, args, lora_args, callbacks, own_client: int | 
                                ("preprocess_logits_for_metrics", getattr(data, "preprocess_logits_for_metrics", None)))
              if v is not None}
     if metric_names:  # the chosen metrics instead of the task's default (hf_fedflat.metrics.selection)
-        extra.update(trainer_metrics(task, metric_names, label_names=getattr(data, "label_names", None),
+        extra.update(trainer_metrics(task, metric_names, label_names=_label_names(data),
                                      compute_metrics=extra.get("compute_metrics"),
                                      preprocess_logits_for_metrics=extra.get("preprocess_logits_for_metrics")))
     trainer = create_trainer(model, args, data.train, data.eval, partition=data.partition,

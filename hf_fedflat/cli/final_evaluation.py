@@ -48,9 +48,10 @@ def _predicted_classes(predictions: Any, label_ids: Any, task: str) -> list | No
     logits = np.asarray(logits)
     if task in ("image-classification", "text-classification") and logits.ndim == 2:
         return logits.argmax(-1).tolist()
-    if task == "token-classification" and logits.ndim == 3 and label_ids is not None:
+    if task == "token-classification" and logits.ndim in (2, 3) and label_ids is not None:
         labels = np.asarray(label_ids)
-        predicted = logits.argmax(-1)
+        # ndim 2: already the tag ids (the task's preprocess_logits_for_metrics reduces each batch to its argmax)
+        predicted = logits.argmax(-1) if logits.ndim == 3 else logits
         return [row[mask].tolist() for row, mask in zip(predicted, labels != IGNORED_LABEL)]
     return None
 

@@ -4,7 +4,7 @@
 (``HfArgumentParser`` underneath). What wins, from strongest to weakest:
 
 1. the flags given (``--num_rounds 50``);
-2. ``--config run.yaml`` (or a lone ``run.yaml`` argument): any field of the parsed dataclasses; a value
+2. ``--config run.yaml`` (or ``run.yaml`` as the first argument): any field of the parsed dataclasses; a value
    written as a string (YAML 1.1 reads ``1e-4`` as one) is converted to the field's type like a flag, a number
    given to a text field becomes its text (``fed_algorithm: 5`` is ``"5"``, as ``--fed_algorithm 5``), and
    one that is not of that type raises ``ValueError("<field>: ...")``; an unknown key is refused;
@@ -194,14 +194,129 @@ def _shorten(action: argparse.Action) -> None:
     action.metavar = name or "VALUE"
 
 
+#: ``--help``'s first groups: what a user sets first, described; every other field is listed by name after the
+#: chosen algorithm's hyperparameters (``--help-all`` describes every field)
+USER_GROUPS = {
+    "model and data": ("model_name", "model_name_or_path", "task", "use_lora", "dataset_name", "data_dir",
+                       "partition_scheme", "dirichlet_alpha"),
+    "rounds and clients": ("fed_algorithm", "num_rounds", "num_clients", "clients_per_round", "local_epochs",
+                           "local_steps"),
+    "local training (each client's Trainer)": ("learning_rate", "optim", "per_device_train_batch_size",
+                                               "weight_decay", "seed", "output_dir", "report_to", "use_cpu"),
+}
+OTHER_FIELDS_GROUP = "every other field, by name (--help-all describes each)"
+
+
+class _HelpAction(argparse.Action):
+    """``-h/--help``: the user's fields, the chosen algorithm's hyperparameters, the rest by name;
+    ``--help-all``: every field described."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None, full=False):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+        self.full = full
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not self.full:
+            _arrange_short_help(parser, _help_algorithm(parser, namespace))
+        parser.print_help()
+        parser.exit()
+
+
+def _help_algorithm(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> dict[str, str | None]:
+    """``fed_algorithm`` and the parts given, as the run would read them: a flag anywhere on the command line (also
+    after ``--help``), else the config file's or the recipe's value, else the default."""
+    tokens = list(getattr(parser, "help_tokens", ()))
+    chosen = {}
+    for name in ("fed_algorithm", "perturbation", "corrections", "aggregator"):
+        value = getattr(namespace, name, None)
+        for i, token in enumerate(tokens):
+            if token == f"--{name}" and i + 1 < len(tokens):
+                value = tokens[i + 1]
+            elif token.startswith(f"--{name}="):
+                value = token.split("=", 1)[1]
+        chosen[name] = value
+    return chosen
+
+
+def _algorithm_defaults(chosen: dict[str, str | None]) -> dict[str, Any] | None:
+    """``{hyperparameter: its default in this algorithm}`` for the pieces ``chosen`` names (the preset's default,
+    else the piece's), in piece order; None when a name is unknown."""
+    from ..algorithms.composed import resolve_parts
+    from ..algorithms.registry import (AGGREGATOR_PLUGINS, AGGREGATORS, CORRECTIONS, PERTURBATIONS, get_preset,
+                                       split_plugins)
+
+    try:
+        perturbation, corrections, aggregator = resolve_parts(chosen["fed_algorithm"], chosen["perturbation"],
+                                                              chosen["corrections"], chosen["aggregator"])
+        preset = dict(get_preset(chosen["fed_algorithm"]).defaults)
+    except (KeyError, ValueError):
+        return None
+    base, plugins = split_plugins(aggregator)
+    pieces = [PERTURBATIONS[perturbation], *(CORRECTIONS[c] for c in corrections), AGGREGATORS[base],
+              *(AGGREGATOR_PLUGINS[p] for p in plugins)]
+    defaults: dict[str, Any] = {}
+    for piece in pieces:
+        for name, value in piece.config_class.defaults().items():
+            defaults.setdefault(name, preset.get(name, value))
+    return defaults
+
+
+def _arrange_short_help(parser: argparse.ArgumentParser, chosen: dict[str, str | None]) -> None:
+    """Regroup ``parser``'s flags for ``--help`` (it exits next): :data:`USER_GROUPS` described, then the chosen
+    algorithm's hyperparameters described (with its defaults), then every other field by name, per group."""
+    import textwrap
+
+    recipe = [g for g in parser._action_groups if g.title and g.title.startswith("this recipe's settings")]
+    kept = {id(a) for g in recipe for a in g._group_actions}
+    actions = {a.dest: a for g in parser._action_groups if g not in recipe for a in g._group_actions
+               if id(a) not in kept and a.option_strings and not isinstance(a, _HelpAction) and a.dest != "config"}
+    algorithm = _algorithm_defaults(chosen)
+    label = chosen["fed_algorithm"] + "".join(f", {k} {v}" for k, v in chosen.items() if k != "fed_algorithm" and v)
+    sections: list[tuple[str, list[argparse.Action], str | None]] = []
+    for title, names in USER_GROUPS.items():
+        sections.append((title, [actions.pop(n) for n in names if n in actions], None))
+    if algorithm is None:
+        sections.append((f"hyperparameters of {label}", [], "unknown algorithm: `hf-fedflat list` names them."))
+    else:
+        own = [actions.pop(n) for n in algorithm if n in actions]
+        for action in own:  # unset: shown at this algorithm's default (help exits next); a config's value stays
+            if action.default is None:
+                action.default = algorithm[action.dest]
+        sections.append((f"hyperparameters of {label} (`--fed_algorithm <name> --help` shows another's)", own,
+                         None if own else "none: it has no hyperparameters."))
+    # every other field: one wrapped line of flag names per original group
+    lines = []
+    for group in parser._action_groups:
+        if group in recipe or group.title in ("options", "positional arguments"):
+            continue
+        names = [f"--{a.dest}" for a in group._group_actions if actions.get(a.dest) is a]
+        if names:
+            short = group.title.split(" (")[0]
+            lines += textwrap.wrap(f"{short}: {' '.join(names)}", width=100, subsequent_indent="    ")
+    for action in actions.values():
+        action.help = argparse.SUPPRESS
+    for group in list(parser._action_groups):
+        if group not in recipe and group.title not in ("options", "positional arguments"):
+            parser._action_groups.remove(group)
+    for title, group_actions, description in sections:
+        group = parser.add_argument_group(title, description)
+        group._group_actions.extend(group_actions)
+    parser.add_argument_group(OTHER_FIELDS_GROUP, "\n".join(lines))
+
+
 def build_parser(dataclass_types: Sequence[type], *, prog: str | None = None, description: str | None = None):
-    """``HfArgumentParser`` of ``dataclass_types`` with ``--config``, a short usage line and grouped ``--help``."""
+    """``HfArgumentParser`` of ``dataclass_types`` with ``--config``, a short usage line and grouped ``--help``
+    (``--help-all``: every field described)."""
     from transformers import HfArgumentParser
 
     prog = prog or "hf-fedflat"
     parser = HfArgumentParser(list(dataclass_types), prog=prog, description=description,
-                              formatter_class=_HelpFormatter, allow_abbrev=False,
+                              formatter_class=_HelpFormatter, allow_abbrev=False, add_help=False,
                               usage=f"{prog} [--config run.yaml] [--smoke] [--<field> <value> ...]")
+    parser.add_argument("-h", "--help", action=_HelpAction,
+                        help="The fields to set first and the chosen algorithm's hyperparameters, then every other "
+                             "field by name.")
+    parser.add_argument("--help-all", action=_HelpAction, full=True, help="Every field, described.")
     parser.add_argument("--config", default=None,
                         help="YAML or JSON file of any of these fields; flags given too win over it.")
     _arrange_help(parser, dataclass_types)
@@ -301,14 +416,18 @@ def _to_int(text: str) -> int:
 
 
 def split_config(argv: Sequence[str]) -> tuple[str | None, list[str]]:
-    """``(the --config path or a lone .yaml/.json argument, the other arguments)``."""
+    """``(the --config path or a .yaml/.json first argument, the other arguments)``: ``train x.yaml --num_rounds 2``
+    reads the file and lets the flags win, as ``--config x.yaml --num_rounds 2`` does."""
     argv = list(argv)
-    if len(argv) == 1 and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
-        return argv[0], []
+    positional = None
+    if argv and argv[0].endswith(CONFIG_SUFFIXES) and not argv[0].startswith("-"):
+        positional, argv = argv[0], argv[1:]
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, rest = pre.parse_known_args(argv)
-    return known.config, rest
+    if positional is not None and known.config is not None:
+        raise ConfigError(f"config: given twice ({positional} and --config {known.config}); give one file.")
+    return positional or known.config, rest
 
 
 def wants_smoke(argv: Sequence[str], config: dict[str, Any] | None = None) -> bool:
@@ -369,6 +488,7 @@ def parse_arguments(
 def _parse(dataclass_types, argv, defaults, smoke, prog, description) -> tuple:
     parser = build_parser(dataclass_types, prog=prog, description=description)
     path, rest = split_config(argv)
+    parser.help_tokens = list(rest)  # --help reads --fed_algorithm wherever it stands
     config = read_config_file(path) if path else {}
     recipe_defaults = _flag_values(parser, defaults, "recipe defaults")
     parser.set_defaults(**recipe_defaults)
@@ -401,10 +521,11 @@ def parse_train_arguments(argv: Sequence[str], **kwargs) -> tuple:
 
 TRAIN_DESCRIPTION = """Run one federated experiment: a dataset split over clients, a model, a federated algorithm.
 
-    hf-fedflat train --config recipes/configs/quickstart_fedavg.yaml --num_rounds 50
+    hf-fedflat train recipes/configs/quickstart_fedavg.yaml --num_rounds 50
 
-Flags win over the --config file. The federated fields come first below; the inherited Trainer fields
-(transformers.TrainingArguments) configure each client's local Trainer and are listed last."""
+Flags win over the config file. Below: the fields to set first, the chosen algorithm's hyperparameters
+(`--fed_algorithm fedsam --help` shows FedSAM's), then every other field by name; --help-all describes them all,
+the inherited Trainer fields (transformers.TrainingArguments, each client's local Trainer) last."""
 
 
 def parse_train_args(argv: Sequence[str], *, defaults: Sequence[str] = (), smoke: Sequence[str] = (),

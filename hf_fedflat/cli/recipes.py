@@ -68,8 +68,12 @@ def run_recipe(argv: Sequence[str] | None, defaults: Sequence[str], smoke: Seque
                                                               description=description)
     experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
     if group.is_main:
-        last = next((r for r in reversed(output.history) if "eval_accuracy" in r), {})
+        from ..hub.card import primary_metric
+
+        # the metric the model card ranks by: accuracy, entity F1 (token classification), perplexity (causal LM)
+        metric = primary_metric(output.history, experiment.data.task) or "eval_accuracy"
+        last = next((r for r in reversed(output.history) if metric in r), {})
         print(f"\n{experiment.args.algorithm_label} on {experiment.data.name}: {len(output.history)} rounds, "
-              f"final eval accuracy {last.get('eval_accuracy', float('nan')):.4f}; model and card in "
-              f"{output.final_model_dir}")
+              f"final {metric.removeprefix('eval_').replace('_', ' ')} {last.get(metric, float('nan')):.4f}; "
+              f"model and card in {output.final_model_dir}")
     return experiment, output

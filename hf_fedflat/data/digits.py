@@ -12,6 +12,7 @@ import numpy as np
 
 from hf_fedflat.data.transforms import image_classification_transform
 from ..field_checks import ConfigError
+from .arguments import DEFAULT_SPLIT_SEED
 
 __all__ = [
     "DIGITS_CLASS_NAMES",
@@ -42,7 +43,7 @@ def digits_features() -> datasets.Features:
 def load_digits_dataset(
     image_size: int = 32,
     test_fraction: float = 0.2,
-    seed: int = 0,
+    seed: int = DEFAULT_SPLIT_SEED,
     *,
     apply_transform: bool = True,
 ) -> datasets.DatasetDict:
@@ -50,7 +51,7 @@ def load_digits_dataset(
 
     The split is stratified by label (``sklearn.model_selection.train_test_split`` with
     ``stratify``), so both splits keep the ~10% share of each digit; the same ``seed``
-    gives the same split. The test split has ``ceil(test_fraction * 1797)`` rows
+    gives the same split, and the default is the command line's (``DEFAULT_SPLIT_SEED``, 42). The test split has ``ceil(test_fraction * 1797)`` rows
     (360 for the default 0.2, leaving 1,437 for training).
 
     Stored columns (what :func:`~hf_fedflat.data.transforms.without_transform`, the

@@ -188,6 +188,23 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
 
+def _on_cpu(args: Any) -> bool:
+    if _get(args, "use_cpu"):
+        return True
+    device = None if isinstance(args, Mapping) else getattr(args, "device", None)
+    return getattr(device, "type", None) == "cpu"
+
+
+def _precision(args: Any) -> str:
+    """The precision the run trained in: ``--fp16`` asks for CUDA's float16 autocast, which a CPU run does not apply
+    (it trains in fp32, bit for bit as without the flag)."""
+    if _get(args, "bf16"):
+        return "bf16"
+    if _get(args, "fp16"):
+        return "fp32 (--fp16 has no effect on CPU)" if _on_cpu(args) else "fp16"
+    return "fp32"
+
+
 def _clients_per_round(args: Any) -> int | None:
     value = _get(args, "num_clients_per_round")
     if value is not None:
@@ -407,7 +424,8 @@ def lora_settings(source: Any) -> dict[str, Any] | None:
                 "modules_to_save": source.get("lora_modules_to_save"), "save": source.get("lora_save")}
     if str(getattr(source.get("peft_type"), "value", source.get("peft_type"))).upper() != "LORA":
         return None
-    return {key: source.get(key) for key in ("r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save")}
+    return {key: source.get(key) for key in ("r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save",
+                                             "save")}  # save: how the folder holds it, when the caller knows
 
 
 def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence[Mapping[str, Any]],
@@ -480,8 +498,7 @@ def _setup_rows(args: Any, info: Mapping[str, Any], partition, history: Sequence
     rows.append(("local optimizer", ", ".join(p for p in optimizer if p)))
     if lora:
         rows.append(("LoRA", _lora_text(lora)))
-    precision = "bf16" if _get(args, "bf16") else "fp16" if _get(args, "fp16") else "fp32"
-    rows.append(("precision", precision))
+    rows.append(("precision", _precision(args)))
     server = [f"learning rate {_hp(_get(args, 'server_learning_rate'))}" if _get(args, "server_learning_rate") is not None else None,
               f"aggregation weights by {_get(args, 'aggregation_weights')}" if _get(args, "aggregation_weights") else None]
     if any(server):

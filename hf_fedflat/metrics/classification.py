@@ -14,6 +14,9 @@ metric         keys
 ``matthews``   ``matthews`` (Matthews correlation coefficient, multi-class)
 =============  ====================================================================
 
+With two classes, ``f1``, ``precision`` and ``recall`` also report the binary value of class 1 under the
+metric's own name (``f1``: GLUE's and scikit-learn's ``average="binary"``), before the two averages.
+
 The macro averages run over the classes present in the labels or the predictions (scikit-learn's default); a
 class never predicted counts 0 (``zero_division=0``). For single-label data the micro averages equal the accuracy.
 
@@ -35,9 +38,19 @@ _AVERAGES = ("macro", "micro")
 IGNORE_INDEX = -100
 
 
-def classification_keys(names: Sequence[str]) -> list[str]:
-    """The keys the metrics ``names`` report (see the module doc), in their order."""
-    return [key for n in names for key in ([f"{n}_{a}" for a in _AVERAGES] if n in _AVERAGED else [n])]
+def _averages(num_classes: int | None) -> tuple[str, ...]:
+    return ("binary", *_AVERAGES) if num_classes == 2 else _AVERAGES
+
+
+def _key(name: str, average: str) -> str:
+    return name if average == "binary" else f"{name}_{average}"
+
+
+def classification_keys(names: Sequence[str], num_classes: int | None = None) -> list[str]:
+    """The keys the metrics ``names`` report (see the module doc), in their order; with ``num_classes`` 2 the
+    binary values too."""
+    return [key for n in names
+            for key in ([_key(n, a) for a in _averages(num_classes)] if n in _AVERAGED else [n])]
 
 
 def predicted_ids(predictions, label_ids: np.ndarray) -> np.ndarray:
@@ -52,12 +65,13 @@ def predicted_ids(predictions, label_ids: np.ndarray) -> np.ndarray:
 class ClassificationMetrics:
     """``Trainer(compute_metrics=...)`` reporting the chosen ``names`` of :data:`CLASSIFICATION_METRICS`."""
 
-    def __init__(self, names: Sequence[str]):
+    def __init__(self, names: Sequence[str], num_classes: int | None = None):
         unknown = [n for n in names if n not in CLASSIFICATION_METRICS]
         if unknown or not names:
             raise ValueError(f"metrics: {unknown or 'none'} not a classification metric; choose from "
                              f"{', '.join(CLASSIFICATION_METRICS)}.")
         self.names = tuple(names)
+        self.num_classes = num_classes
 
     def __call__(self, eval_prediction) -> dict[str, float]:
         from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, precision_score, recall_score
@@ -74,7 +88,8 @@ class ClassificationMetrics:
             elif name == "matthews":
                 out["matthews"] = float(matthews_corrcoef(labels, predictions))
             else:
-                for average in _AVERAGES:
-                    out[f"{name}_{average}"] = float(averaged[name](labels, predictions, average=average,
-                                                                    zero_division=0))
+                for average in _averages(self.num_classes):
+                    extra = {"labels": [0, 1]} if average == "binary" else {}  # class 1 is the positive one
+                    out[_key(name, average)] = float(averaged[name](labels, predictions, average=average,
+                                                                    zero_division=0, **extra))
         return out

@@ -128,7 +128,8 @@ def trainer_metrics(task: str | None, names: Sequence[str] | None, *, label_name
     kept = {k: v for k, v in (("compute_metrics", compute_metrics),
                               ("preprocess_logits_for_metrics", preprocess_logits_for_metrics)) if v is not None}
     if family == "classification":
-        return {**kept, "compute_metrics": ClassificationMetrics(names)} if names else kept
+        num_classes = len(label_names) if label_names is not None else None  # two: the binary values too
+        return {**kept, "compute_metrics": ClassificationMetrics(names, num_classes)} if names else kept
     if family == "token-classification":
         if label_names is None:
             raise ConfigError("label_column: token classification needs the tag names (B-PER, I-PER, O, ...) to score "

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 from ..field_checks import ConfigError
@@ -43,6 +44,7 @@ __all__ = [
     "build_auto_model",
     "is_auto_model",
     "load_processing_class",
+    "newly_initialised_modules",
     "resolve_task",
     "task_from_architectures",
 ]
@@ -240,9 +242,26 @@ def build_auto_model(
     kwargs: dict[str, Any] = {"config": config, "dtype": _dtype(getattr(model_args, "model_dtype", "float32"))}
     if task != "causal-lm":
         kwargs["ignore_mismatched_sizes"] = True
-    model = auto_class.from_pretrained(path, **kwargs)
+    model, loading = auto_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    # the layers the checkpoint lacks or holds in another shape (a new head, BERT's pooler under an MLM checkpoint):
+    # initialised at random here, so LoRA must train and save them (hf_fedflat.models.lora.apply_lora)
+    keys = list(loading.get("missing_keys") or ()) + [k[0] if isinstance(k, tuple) else k
+                                                       for k in loading.get("mismatched_keys") or ()]
+    _NEW_MODULES[model] = tuple(dict.fromkeys(key.rsplit(".", 1)[0] for key in keys if "." in key))
     model.train()
     return model
+
+
+_NEW_MODULES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def newly_initialised_modules(model: Any) -> tuple[str, ...]:
+    """Names of the modules of a :func:`build_auto_model` model that its checkpoint did not hold (missing keys, or a
+    head of another size): initialised at random at every load. Empty for any other model."""
+    try:
+        return _NEW_MODULES.get(model, ())
+    except TypeError:  # not weak-referenceable
+        return ()
 
 
 def is_auto_model(model: Any) -> bool:

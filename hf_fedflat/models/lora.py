@@ -42,11 +42,13 @@ __all__ = [
     "DEFAULT_LORA_TARGET_MODULES",
     "LORA_SAVE_CHOICES",
     "LoraArguments",
+    "PEFT_TASK_HEADS",
     "apply_lora",
     "classification_head_names",
     "frozen_parameter_digest",
     "is_peft_model",
     "quiet_peft",
+    "resolved_target_modules",
     "save_federated_model",
     "total_parameter_bytes",
     "trainable_parameter_bytes",
@@ -245,14 +247,72 @@ def total_parameter_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _transformers_targets(model: nn.Module) -> str | list[str]:
-    """peft's default LoRA targets for the model's ``model_type`` when some module has them, else ``all-linear``."""
+#: the heads peft's SEQ_CLS and TOKEN_CLS task types put in ``modules_to_save`` themselves
+PEFT_TASK_HEADS = ("classifier", "score")
+
+
+def _saved_by(name: str, modules_to_save: list[str]) -> bool:
+    """Whether peft's ``modules_to_save`` takes module ``name`` (or a module holding it): peft matches by a plain
+    ``str.endswith`` on the module name, so ``classifier`` also takes DistilBERT's ``pre_classifier``."""
+    parts = name.split(".")
+    return any(".".join(parts[:i]).endswith(saved) for saved in modules_to_save for i in range(1, len(parts) + 1))
+
+
+def _is_linear(module: nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def _names_regex(names: list[str]) -> str:
+    """One regular expression fully matching ``names`` and the same layers of every other block: each
+    ``.<number>.`` becomes ``.\\d+.`` and layers of one parent are grouped, so the expression stays short for a
+    model of any depth (``distilbert\\.transformer\\.layer\\.\\d+\\.attention\\.(k_lin|q_lin)``)."""
+    leaves: dict[str, set[str]] = {}
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        leaves.setdefault(re.sub(r"\\\.\d+(?=\\\.|$)", r"\\.\\d+", re.escape(parent)), set()).add(re.escape(leaf))
+    groups = [(f"{parent}\\." if parent else "") + (next(iter(leaf)) if len(leaf) == 1 else f"({'|'.join(sorted(leaf))})")
+              for parent, leaf in sorted(leaves.items())]
+    return groups[0] if len(groups) == 1 else "(" + "|".join(groups) + ")"
+
+
+def _attention_projections(model: nn.Module, excluded: list[str]) -> list[str]:
+    """The linear layers inside the model's attention modules (a class named ``*Attention*``: query, key, value
+    and output projections under any naming), or every linear layer when it has none; never a layer
+    ``modules_to_save`` takes (the head) nor one ``excluded`` names."""
+    attention = [n for n, m in model.named_modules() if n and "Attention" in type(m).__name__]
+    linears = [n for n, m in model.named_modules() if n and _is_linear(m) and not _saved_by(n, excluded)]
+    inside = [n for n in linears if any(n.startswith(a + ".") for a in attention)]
+    return inside or linears
+
+
+def _transformers_targets(model: nn.Module, excluded: list[str]) -> str | list[str]:
+    """Targets for a transformers model given the default ``lora_target_modules``: peft's for the model's
+    ``model_type`` when some module has them, else its attention projections (:func:`_attention_projections`;
+    DistilBERT's ``q_lin``/``v_lin``/..., ALBERT's ``query``/``key``/...) as one regular expression."""
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as targets_by_type
 
     names = targets_by_type.get(getattr(getattr(model, "config", None), "model_type", None))
-    if names and any(n.rsplit(".", 1)[-1] in names for n, _ in model.named_modules()):
-        return list(names)
-    return "all-linear"
+    if names:
+        matched = [n for n, _ in model.named_modules() if n and n.rsplit(".", 1)[-1] in names]
+        if matched and not any(_saved_by(n, excluded) for n in matched):
+            return list(names)
+    return _names_regex(_attention_projections(model, excluded))
+
+
+def _output_layer_name(model: nn.Module) -> str | None:
+    """The name of a transformers model's output embedding (``lm_head``), which LoRA does not target."""
+    get = getattr(model, "get_output_embeddings", None)
+    layer = get() if callable(get) else None
+    return next((n for n, m in model.named_modules() if m is layer), None) if layer is not None else None
+
+
+def resolved_target_modules(peft_model: nn.Module) -> str:
+    """The ``lora_target_modules`` value that gives ``peft_model``'s adapters again (run_config.yaml records it):
+    peft's regular expression as it is, a set of name suffixes as a sorted comma-separated list."""
+    targets = next(iter(peft_model.peft_config.values())).target_modules
+    return targets if isinstance(targets, str) else ",".join(sorted(targets))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -271,7 +331,10 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
             trainable itself, a causal LM trains adapters only); an image classifier keeps its head in
             ``modules_to_save``. With the default ``lora_target_modules`` a transformers model gets peft's
             targets for its ``model_type`` (``query``/``value`` for BERT, ``c_attn`` for GPT-2,
-            ``q_proj``/``v_proj`` for Llama), or ``all-linear`` when peft has none that match.
+            ``q_proj``/``v_proj`` for Llama), or, when peft has none that match, the linear layers of its
+            attention modules (DistilBERT's ``q_lin``, ``k_lin``, ``v_lin``, ``out_lin``). Never a layer that
+            ``modules_to_save`` takes; the layers the checkpoint lacks (:func:`~.auto.newly_initialised_modules`)
+            join ``modules_to_save``, so an adapter reloads to the model that was trained.
 
     Returns:
         A ``peft.PeftModel`` whose only parameters with ``requires_grad`` are the ``lora_A``/``lora_B``
@@ -280,8 +343,8 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
 
     Raises:
         ValueError: ``lora_target_modules`` matches no module of the model (the message lists some of
-            its linear layers), ``lora_modules_to_save`` names a missing module or cannot be guessed,
-            or ``model`` is already a peft model.
+            its linear layers) or a module ``modules_to_save`` trains in full, ``lora_modules_to_save`` names a
+            missing module or cannot be guessed, or ``model`` is already a peft model.
     """
     if not lora_args.use_lora:
         return model
@@ -294,9 +357,6 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
 
     check_task(task)
     task_type = PEFT_TASK_TYPES.get(task) if task else None
-    target_modules = lora_args.target_modules()
-    if is_auto_model(model) and lora_args.lora_target_modules == DEFAULT_LORA_TARGET_MODULES:
-        target_modules = _transformers_targets(model)
 
     if lora_args.lora_modules_to_save is None and task_type is not None:
         # peft's SEQ_CLS / TOKEN_CLS add the classifier ("classifier"/"score") to modules_to_save itself.
@@ -318,6 +378,22 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
                 f"lora_modules_to_save: {', '.join(missing)} matches no module of {type(model).__name__}; its "
                 f"layers include: {_linear_names(model)}"
             )
+    # Layers the checkpoint lacks (BERT's pooler under an MLM checkpoint) are drawn at random on every load: frozen
+    # and left out of the adapter, the adapter would reload to another model. Train and save them with it.
+    saved = modules_to_save + list(PEFT_TASK_HEADS if task_type in ("SEQ_CLS", "TOKEN_CLS") else ())
+    from .auto import newly_initialised_modules
+
+    new_layers = [n for n in newly_initialised_modules(model) if not _saved_by(n, saved)]
+    modules_to_save += new_layers
+    saved += new_layers
+    output_layer = _output_layer_name(model)
+    target_modules = lora_args.target_modules()
+    if target_modules == "all-linear" and any(_saved_by(n, saved) for n, m in model.named_modules() if _is_linear(m)):
+        # peft's all-linear would wrap a layer modules_to_save then wraps again (peft refuses): every other linear
+        target_modules = _names_regex([n for n, m in model.named_modules() if n and _is_linear(m)
+                                       and not _saved_by(n, saved) and n != output_layer])
+    if is_auto_model(model) and lora_args.lora_target_modules == DEFAULT_LORA_TARGET_MODULES:
+        target_modules = _transformers_targets(model, saved + ([output_layer] if output_layer else []))
 
     config = LoraConfig(
         r=lora_args.lora_r,
@@ -335,6 +411,13 @@ def apply_lora(model: nn.Module, lora_args: LoraArguments, task: str | None = No
                 f"lora_target_modules: {lora_args.lora_target_modules!r} matches no module of "
                 f"{type(model).__name__}. Give a regular expression fully matching module names or a "
                 f"comma-separated list of name suffixes; its layers include: {_linear_names(model)}"
+            )
+        clashes = [n for n in targets if _saved_by(n, saved)]
+        if clashes:
+            raise ConfigError(
+                f"lora_target_modules: {lora_args.lora_target_modules!r} matches {', '.join(clashes[:3])}, which is "
+                f"trained in full (modules_to_save: {', '.join(saved)}); name targets outside the head, e.g. the "
+                f"attention projections."
             )
     with quiet_peft():
         peft_model = get_peft_model(model, config)

@@ -96,7 +96,7 @@ class WMSAMPerturbation(Perturbation):
     # server half -------------------------------------------------------------------------------------------
     def init_server_state(self, params: Tensor) -> StateDict:
         return {"m": torch.zeros_like(params), "c": torch.zeros_like(params),
-                "alpha": torch.tensor([self.config.wmsam_alpha])}
+                "alpha": torch.tensor([self.config.wmsam_alpha], dtype=params.dtype)}  # the run's precision
 
     def update_server_state(self, server_state: StateDict, summary: RoundSummary) -> StateDict:
         updates = summary.updates

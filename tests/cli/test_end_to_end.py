@@ -251,6 +251,7 @@ def test_chosen_classification_metrics_equal_sklearn_and_reach_history_and_tenso
     assert last["eval_accuracy"] == pytest.approx(np.mean(np.array(predicted) == labels), abs=1e-9)
     assert last["eval_f1_macro"] == pytest.approx(f1_score(labels, predicted, average="macro"), abs=1e-9)
     assert last["eval_f1_micro"] == pytest.approx(f1_score(labels, predicted, average="micro"), abs=1e-9)
+    assert last["eval_f1"] == pytest.approx(f1_score(labels, predicted), abs=1e-9)  # two classes: binary, of "pos"
     assert last["eval_matthews"] == pytest.approx(matthews_corrcoef(labels, predicted), abs=1e-9)
     assert len(set(predicted)) == 2  # both classes predicted: the scores are not a constant guess's
     assert "eval_precision_macro" not in last and "eval_recall_micro" not in last  # only what was chosen
@@ -295,7 +296,7 @@ def test_causal_lm_chosen_metrics_and_generations_in_history_and_tensorboard(ass
     assert any("generations" in tag for tag in tensors)
 
 
-def test_token_classification_end_to_end_entity_f1_reproduced(tmp_path):
+def test_token_classification_end_to_end_entity_f1_reproduced(tmp_path, capsys):
     from seqeval.metrics import f1_score
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -320,6 +321,8 @@ def test_token_classification_end_to_end_entity_f1_reproduced(tmp_path):
         predicted.append([model.config.id2label[ids[i]] for i in first])
         truth.append(sentence["ner_tags"])
     assert last["eval_f1"] == pytest.approx(f1_score(truth, predicted), abs=1e-9)
+    # the end-of-run table headlines entity F1, as the model card ranks by it (not token accuracy)
+    assert f"| final eval_f1 |" in capsys.readouterr().out
     assert {"eval_precision", "eval_recall", "eval_accuracy"} <= set(last)
     part = json.loads((tmp_path / "run" / "partition.json").read_text())
     assert part["scheme"] == "dirichlet"

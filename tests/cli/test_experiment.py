@@ -115,3 +115,22 @@ def test_tiny_bert_learns_in_four_rounds_with_the_defaults(assets, tmp_path, cap
             "--use_cpu", "true", "--report_to", "none", "--disable_tqdm", "true"]
     last, _ = train(argv, caplog)
     assert last["round"] == 4 and last["eval_accuracy"] >= 0.9  # chance: 0.525 (the larger class of 200 rows)
+
+
+@pytest.mark.parametrize("model_name, kwargs", [("small_cnn", {}),
+                                                ("vit_tiny_patch16_224", {"patch_size": 4, "depth": 1, "embed_dim": 16,
+                                                                          "num_heads": 2})])
+def test_built_in_and_timm_models_name_the_classes_of_the_label_column(model_name, kwargs):
+    """digits' label column is a ClassLabel of "0".."9": the model's id2label (and so the final config.json and a
+    timm export's label_names) says "7", not LABEL_7."""
+    import json as json_module
+
+    from hf_fedflat.cli.experiment import build_model
+    from hf_fedflat.data.arguments import DataArguments
+    from hf_fedflat.data.catalog import load_data
+    from hf_fedflat.models.arguments import ModelArguments
+
+    model_args = ModelArguments(model_name=model_name, image_size=16, model_kwargs=json_module.dumps(kwargs))
+    data = load_data(DataArguments("digits"), model_args, 42)
+    model = build_model(model_args, data)
+    assert model.config.id2label == {i: str(i) for i in range(10)}

@@ -58,6 +58,26 @@ def test_do_eval_and_do_predict_write_the_final_models_results(assets, tmp_path,
     assert "***** eval metrics *****" in out and "***** predict metrics *****" in out  # as the Trainer's scripts
 
 
+def test_do_predict_writes_the_tags_of_a_token_classifier(tmp_path):
+    """Token classification: the logits reach the predictions already reduced to tag ids; predictions.json holds
+    each labelled token's predicted tag, and their token accuracy is the run's."""
+    from hf_fedflat.data.tiny_text import train_wordpiece_tokenizer, write_conll_data
+
+    model = write_tiny_model(tmp_path / "ner", "bert_token_classification", num_labels=7,
+                             tokenizer=train_wordpiece_tokenizer())
+    conll = write_conll_data(tmp_path / "conll", train_sentences=24, test_sentences=8)
+    argv = ["train", "--model_name_or_path", model, "--dataset_name", conll, "--output_dir", str(tmp_path / "run"),
+            "--num_clients", "2", "--num_rounds", "1", "--local_steps", "2", "--use_cpu", "true",
+            "--report_to", "none", "--disable_tqdm", "true", "--do_predict"]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "run" / "predictions.json").read_text())
+    predicted = json.loads((tmp_path / "run" / "predict_results.json").read_text())
+    assert rows["task"] == "token-classification" and rows["label_names"][0] == "O"
+    assert len(rows["predictions"]) == 8 and [len(p) for p in rows["predictions"]] == [len(t) for t in rows["label_ids"]]
+    tokens = [(p, t) for ps, ts in zip(rows["predictions"], rows["label_ids"]) for p, t in zip(ps, ts)]
+    assert np.mean([p == t for p, t in tokens]) == pytest.approx(predicted["test_accuracy"], abs=1e-12)
+
+
 def test_without_the_flags_nothing_more_is_written(assets, tmp_path):
     run(assets, tmp_path)
     for name in ("eval_results.json", "predict_results.json", "predictions.json"):

@@ -99,8 +99,54 @@ def test_precedence_flags_over_config_over_smoke_over_recipe_defaults(tmp_path, 
     assert parsed(["--config", str(config)]).fed_algorithm == "fedgam"  # the file leaves the rest to the recipe
 
 
-def test_train_help_lists_federated_fields_before_the_inherited_ones(capsys):
+def test_a_config_file_first_then_flags_reads_the_file_and_the_flags_win(tmp_path, nothing_loads, capsys):
+    """`hf-fedflat train x.yaml --num_rounds 2`: the file as the first argument, as `--config x.yaml`."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"output_dir: {tmp_path / 'out'}\nfed_algorithm: fedsam\nnum_rounds: 30\nrho: 0.2\n")
+    _, _, _, args = parse_train_args([str(config), "--num_rounds", "2"])
+    assert (args.fed_algorithm, args.num_rounds, args.rho) == ("fedsam", 2, 0.2)
+    _, _, _, args = parse_train_args([str(config)])
+    assert args.num_rounds == 30
+    assert main(["train", str(config), "--config", str(config)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"hf-fedflat train: error: config: given twice ({config} and --config {config}); give one file.")
+
+
+def _option_lines(text: str) -> list[str]:
+    return re.findall(r"^  (?:-h, )?(--[\w-]+)", text, flags=re.M)
+
+
+def test_train_help_shows_the_users_fields_then_the_chosen_algorithms_hyperparameters_then_names(capsys, tmp_path):
+    """`--help`: model, data, rounds and clients described first, then the hyperparameters of --fed_algorithm (at
+    that preset's defaults; given before or after --help), then every other field by name only."""
     text = help_text(lambda: main(["train", "--help"]), capsys)
+    options = _option_lines(text)
+    assert options[:6] == ["--help", "--help-all", "--config", "--model_name", "--model_name_or_path", "--task"]
+    assert options.index("--dataset_name") < options.index("--fed_algorithm") < options.index("--num_rounds") \
+        < options.index("--num_clients") < options.index("--learning_rate")
+    assert "hyperparameters of fedavg" in text and options[-1] == "--server_learning_rate"  # FedAvg's one
+    assert "--rho FLOAT" not in text and " --rho " in text  # another algorithm's: by name only
+    assert "--adam_beta1" in text and "--adam_beta1 FLOAT" not in text
+    assert len(text.splitlines()) < 200
+    for argv in (["train", "--fed_algorithm", "fedsam", "--help"], ["train", "--help", "--fed_algorithm=fedsam"]):
+        text = help_text(lambda: main(argv), capsys)
+        section = text[text.index("hyperparameters of fedsam"):text.index("every other field, by name")]
+        assert _option_lines(section) == ["--rho", "--rho_start", "--rho_warmup_rounds", "--server_learning_rate"]
+        assert "(default: 0.05)" in " ".join(section[:section.index("--rho_start")].split())
+    text = help_text(lambda: main(["train", "--fed_algorithm", "fedgloss", "--help"]), capsys)
+    section = " ".join(text[text.index("hyperparameters of fedgloss"):text.index("every other field, by name")].split())
+    assert "--fedgloss_rho FLOAT" in section and "--rho_warmup_rounds INT" in section and "(default: 2000)" in section
+    config = tmp_path / "run.yaml"  # the config file's algorithm and values, as the run would read them
+    config.write_text("fed_algorithm: fedsam\nrho: 0.2\n")
+    text = help_text(lambda: main(["train", str(config), "--help"]), capsys)
+    section = " ".join(text[text.index("hyperparameters of fedsam"):text.index("every other field, by name")].split())
+    assert "--rho FLOAT" in section and "(default: 0.2)" in section
+    text = help_text(lambda: main(["train", "--fed_algorithm", "nosuch", "--help"]), capsys)
+    assert "unknown algorithm: `hf-fedflat list` names them." in text
+
+
+def test_train_help_all_lists_federated_fields_before_the_inherited_ones(capsys):
+    text = help_text(lambda: main(["train", "--help-all"]), capsys)
     assert text.index("--fed_algorithm") < text.index("--num_clients") < text.index("--adam_beta1")
     assert text.index("federated options") < text.index("data options") < text.index("inherited Trainer options")
     first_inherited = text.index("inherited Trainer options")

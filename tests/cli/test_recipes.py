@@ -139,7 +139,7 @@ def test_quickstart_and_compare_algorithms_take_smoke(tmp_path):
 
 
 
-def test_text_recipes_smoke_offline(tmp_path, one_thread):
+def test_text_recipes_smoke_offline(tmp_path, one_thread, capsys):
     """`recipes/llm_lora.py --smoke` and `recipes/text_classification.py --smoke`: a tiny model, tokenizer and data
     in the real formats written under <output_dir>/smoke_assets, 2 rounds, the metrics of each task."""
     experiment, output = load_recipe("llm_lora").main(["--smoke", "--output_dir", str(tmp_path / "llm"),
@@ -150,6 +150,8 @@ def test_text_recipes_smoke_offline(tmp_path, one_thread):
     assert experiment.data.task == "causal-lm" and (tmp_path / "llm" / "smoke_assets" / "data" / "alpaca_data.json").is_file()
     names = experiment.trainer.space.names
     assert names and all("lora_" in n for n in names)  # only the adapters are federated
+    # the end-of-run line reports what the card ranks by: a causal LM's perplexity (it has no accuracy)
+    assert f"final perplexity {last['eval_perplexity']:.4f}; model and card in" in capsys.readouterr().out
     experiment, output = load_recipe("text_classification").main(
         ["--smoke", "--output_dir", str(tmp_path / "cls"), "--disable_tqdm", "true"])
     assert [r["round"] for r in output.history] == [1, 2] and 0.0 <= output.history[-1]["eval_accuracy"] <= 1.0
@@ -157,7 +159,7 @@ def test_text_recipes_smoke_offline(tmp_path, one_thread):
     assert experiment.args.partition_scheme == "dirichlet"
 
 
-def test_token_classification_recipe_smoke_offline(tmp_path, one_thread):
+def test_token_classification_recipe_smoke_offline(tmp_path, one_thread, capsys):
     """`recipes/token_classification.py --smoke`: a tiny BERT token classifier, a WordPiece tokenizer and CoNLL files
     written under <output_dir>/smoke_assets, 2 rounds, entity-level metrics in the history."""
     experiment, output = load_recipe("token_classification").main(
@@ -165,6 +167,7 @@ def test_token_classification_recipe_smoke_offline(tmp_path, one_thread):
     assert [r["round"] for r in output.history] == [1, 2]
     last = output.history[-1]
     assert all(0.0 <= last[f"eval_{k}"] <= 1.0 for k in ("f1", "precision", "recall", "accuracy"))
+    assert f"final f1 {last['eval_f1']:.4f}; model and card in" in capsys.readouterr().out  # entity F1, as the card
     assert experiment.data.task == "token-classification" and experiment.data.label_names[0] == "O"
     assert (tmp_path / "smoke_assets" / "conll" / "train.txt").is_file()
     config = json.loads((tmp_path / "final_model" / "config.json").read_text())
@@ -199,3 +202,36 @@ def test_every_recipe_has_a_smoke_list():
         recipe = load_recipe(name)
         assert getattr(recipe, "SMOKE", None), f"recipes/{name}.py has no SMOKE settings"
         assert "--output_dir" in recipe.SMOKE and "--use_cpu" in recipe.SMOKE, name
+
+
+# --- every shipped config file learns ------------------------------------------------------------------------
+#: config -> (the reduction a test can afford, stated; the final accuracy it must reach: 10 classes, chance 0.1).
+#: The shipped settings otherwise: model, optimizer, learning rate, batch size, algorithm and its hyperparameters.
+CONFIG_REDUCTIONS = {
+    "quickstart_fedavg": (["--num_rounds", "10"], 0.5),                         # 30 rounds shipped
+    "quickstart_fedsam": (["--num_rounds", "10"], 0.5),                         # 30 rounds shipped
+    "digits_fedlesam": (["--num_rounds", "10", "--num_clients", "20"], 0.4),    # 200 rounds of 100 clients shipped
+    # 30 rounds of 20 Dir(0.3) clients x 2 epochs shipped (0.736, measured in the file); here 6 rounds of 4 IID
+    # clients x 1 epoch (0.35 measured)
+    "digits_vit_fedsam": (["--num_rounds", "6", "--num_clients", "4", "--clients_per_round", "4",
+                           "--partition_scheme", "iid", "--local_epochs", "1"], 0.25),
+}
+
+
+def test_every_shipped_config_has_a_reduction():
+    assert sorted(CONFIG_REDUCTIONS) == sorted(p.stem for p in (REPO_ROOT / "recipes" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_REDUCTIONS))
+def test_every_shipped_config_learns(name, tmp_path, one_thread):
+    """`hf-fedflat train recipes/configs/<name>.yaml` with the reduction above (the file first, the flags after it
+    win): the final accuracy is well above chance."""
+    from hf_fedflat.cli import main
+
+    reduction, threshold = CONFIG_REDUCTIONS[name]
+    config = str(REPO_ROOT / "recipes" / "configs" / f"{name}.yaml")
+    assert main(["train", config, *reduction, "--output_dir", str(tmp_path), "--report_to", "none",
+                 "--save_every_n_rounds", "0", "--disable_tqdm", "true", "--use_cpu", "true"]) == 0
+    history = json.loads((tmp_path / "history.json").read_text())
+    accuracies = [round(r.get("eval_accuracy", 0), 3) for r in history]
+    assert history[-1]["eval_accuracy"] >= threshold, accuracies

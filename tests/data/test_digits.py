@@ -136,3 +136,15 @@ def test_to_image_tensor_layouts():
 def test_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
         load_digits_dataset(**kwargs)
+
+
+def test_the_python_default_split_is_the_command_lines():
+    """`load_digits_dataset()` splits with the seed `hf-fedflat train --dataset_name digits` uses (42), so a
+    notebook and a run score on the same test rows."""
+    from hf_fedflat.data.arguments import DEFAULT_SPLIT_SEED, DataArguments
+
+    assert DataArguments().effective_split_seed == DEFAULT_SPLIT_SEED == 42
+    default = load_digits_dataset(apply_transform=False)
+    explicit = load_digits_dataset(seed=42, apply_transform=False)
+    assert default["test"]["image"] == explicit["test"]["image"]
+    assert default["test"]["image"] != load_digits_dataset(seed=0, apply_transform=False)["test"]["image"]

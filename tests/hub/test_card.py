@@ -41,6 +41,15 @@ def test_card_from_explicit_inputs():
     assert table_rounds(str(build_model_card(ARGS, history=history[:6], algorithm=ALGORITHM))) == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.parametrize("flags, row", [({}, "fp32"), ({"bf16": True}, "bf16"),
+                                        ({"fp16": True, "use_cpu": True}, "fp32 (--fp16 has no effect on CPU)"),
+                                        ({"fp16": True, "use_cpu": False}, "fp16")])
+def test_card_precision_is_what_the_run_trained_in(flags, row):
+    """--fp16 on a CPU run trains in fp32 (CUDA's float16 autocast is not applied): the card says so."""
+    card = build_model_card({**ARGS, "fp16": False, "bf16": False, **flags}, history=make_history(30), algorithm=ALGORITHM)
+    assert f"| precision | {row} |" in card.text
+
+
 def test_written_card_reloads_with_its_images(tmp_path):
     torch.manual_seed(0)
     final = write_run(tmp_path, create_model("small_cnn", 3, in_chans=1, image_size=8))

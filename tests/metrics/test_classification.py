@@ -46,6 +46,21 @@ def test_by_hand_on_six_samples():
     assert got["precision_micro"] == got["recall_micro"] == got["f1_micro"] == pytest.approx(4 / 6)
 
 
+def test_two_classes_also_report_the_binary_values_of_class_1():
+    # labels 1 1 1 0 0, predicted 1 0 1 1 0: class 1 tp 2 fp 1 fn 1 -> precision 2/3, recall 2/3, f1 2/3
+    labels, predicted = np.array([1, 1, 1, 0, 0]), np.array([1, 0, 1, 1, 0])
+    got = ClassificationMetrics(("f1", "precision", "recall"), num_classes=2)(
+        EvalPrediction(predictions=predicted, label_ids=labels))
+    assert got["f1"] == pytest.approx(2 / 3) and got["precision"] == pytest.approx(2 / 3)
+    assert got["recall"] == pytest.approx(2 / 3)
+    # class 0: tp 1 fp 1 fn 1 -> f1 1/2; macro = (2/3 + 1/2) / 2
+    assert got["f1_macro"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert list(got) == classification_keys(("f1", "precision", "recall"), num_classes=2)
+    assert classification_keys(("f1",), num_classes=2) == ["f1", "f1_macro", "f1_micro"]
+    assert "f1" not in ClassificationMetrics(("f1",), num_classes=3)(EvalPrediction(predictions=predicted,
+                                                                                     label_ids=labels))
+
+
 def test_rows_labelled_minus_100_are_left_out_and_a_tuple_gives_its_logits_first():
     labels = np.array([1, -100, 0, 1])
     logits = np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import datasets
+import numpy as np
 import pytest
+import yaml
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file, save_file
@@ -292,3 +297,159 @@ def test_federated_round_exchanges_only_adapters_and_head(algorithm, tmp_path):
     mean_delta = torch.stack([u.delta for u in recorder.updates]).mean(0)  # iid: equal client sizes
     torch.testing.assert_close(output.params, ParameterSpace(_lora("vit")).flatten() + mean_delta)
     assert "eval_accuracy" in trainer.history[-1] and "eval_loss" in trainer.history[-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# every model family, through the command line's parsing and run, reloaded without hf_fedflat
+# ------------------------------------------------------------------------------------------------
+from helpers.hf_fixtures import family_tasks, tiny_family_dir  # noqa: E402
+
+FAMILY_TASKS = family_tasks()
+SAMPLE_TEXT = {"text-classification": "a great movie", "token-classification": "alice visited new york",
+               "causal-lm": "a good story"}
+AUTO_CLASSES = {"text-classification": "AutoModelForSequenceClassification",
+                "token-classification": "AutoModelForTokenClassification", "causal-lm": "AutoModelForCausalLM"}
+# A process where `import hf_fedflat` fails: what a user without the package sees.
+NO_FEDFLAT = "import sys; sys.modules['hf_fedflat'] = None\n"
+
+
+def _family_data(root):
+    from hf_fedflat.data.tiny_text import write_conll_data, write_instruction_data, write_sentiment_data
+
+    return {"text-classification": write_sentiment_data(root / "sentiment", train_rows=16, test_rows=8),
+            "token-classification": write_conll_data(root / "conll", train_sentences=12, test_sentences=6),
+            "causal-lm": write_instruction_data(root / "alpaca", rows=12)}
+
+
+def _family_tokenizer(task):
+    from hf_fedflat.data.tiny_text import train_word_tokenizer, train_wordpiece_tokenizer
+
+    if task == "token-classification":
+        return train_wordpiece_tokenizer()
+    return train_word_tokenizer("gpt" if task == "causal-lm" else "bert")
+
+
+@pytest.fixture(scope="module")
+def family_runs(tmp_path_factory):
+    """Each (family, task): `hf-fedflat train`'s parsing and run, one round of LoRA (adapter saved), the merged
+    model saved from the same trained model, and the trained model's logits on one sentence; then one process
+    without hf_fedflat loads every adapter by its card's snippet and every merged model by its Auto class."""
+    from hf_fedflat.cli.experiment import run_experiment
+    from hf_fedflat.cli.parsing import parse_train_args
+    from hf_fedflat.models.auto import newly_initialised_modules
+    from hf_fedflat.models.lora import resolved_target_modules
+
+    root = tmp_path_factory.mktemp("families")
+    data = _family_data(root)
+    cases = {}
+    for family, task in FAMILY_TASKS:
+        name = f"{family}-{task}"
+        base = tiny_family_dir(root / name / "base", family, _family_tokenizer(task))
+        argv = ["--model_name_or_path", base, "--task", task, "--dataset_name", data[task], "--use_lora", "true",
+                "--lora_r", "4", "--lora_save", "adapter", "--num_rounds", "1", "--num_clients", "2",
+                "--local_steps", "2", "--per_device_train_batch_size", "4", "--learning_rate", "0.05",
+                "--optim", "adamw_torch", "--use_cpu", "true", "--report_to", "none", "--save_every_n_rounds", "0",
+                "--disable_tqdm", "true", "--output_dir", str(root / name / "run")]
+        data_args, model_args, lora_args, args = parse_train_args(argv)
+        experiment, output = run_experiment(data_args, model_args, args, lora_args=lora_args)
+        model = experiment.model.eval()
+        ids = experiment.data.processing_class(SAMPLE_TEXT[task])["input_ids"]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0]
+        merged = save_federated_model(model, root / name / "merged", lora_save="merged")
+        card = (root / name / "run" / "final_model" / "README.md").read_text()
+        snippet = card.split("## How to load")[1].split("```python")[1].split("```")[0]
+        cases[name] = {"ids": ids, "logits": logits.tolist(), "merged": merged, "task": task,
+                       "snippet": snippet.replace("path/to/this/folder", str(output.final_model_dir)),
+                       "trainable": list(experiment.trainer.space.names),
+                       "new_layers": list(newly_initialised_modules(model.get_base_model())),
+                       "lora_b_moved": all(p.abs().max() > 0 for n, p in model.named_parameters() if "lora_B" in n),
+                       "history": output.history,
+                       "card_lora_row": next((line for line in card.splitlines() if line.startswith("| LoRA |")), ""),
+                       "recorded_targets": yaml.safe_load((root / name / "run" / "final_model" / "run_config.yaml")
+                                                          .read_text())["lora_target_modules"],
+                       "targets": resolved_target_modules(model)}
+    script = NO_FEDFLAT + textwrap.dedent(f"""
+        import contextlib, io, json, torch, transformers
+        cases = json.loads({json.dumps(json.dumps({n: {k: c[k] for k in ("ids", "merged", "task", "snippet")}
+                                                   for n, c in cases.items()}))})
+        auto = {AUTO_CLASSES!r}
+        out = {{}}
+        for name, case in cases.items():
+            scope = {{}}
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(case["snippet"], scope)  # the card's own loading code builds `model`
+            ids = torch.tensor([case["ids"]])
+            merged = getattr(transformers, auto[case["task"]]).from_pretrained(case["merged"]).eval()
+            with torch.no_grad():
+                out[name] = {{"adapter": scope["model"].eval()(input_ids=ids).logits[0].tolist(),
+                             "merged": merged(input_ids=ids).logits[0].tolist()}}
+        print("RELOADED" + json.dumps(out))
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cases, json.loads(result.stdout.split("RELOADED")[1])
+
+
+@pytest.mark.parametrize("family,task", FAMILY_TASKS, ids=[f"{f}-{t}" for f, t in FAMILY_TASKS])
+def test_lora_trains_and_both_saved_forms_reload_to_the_trained_model_on_every_family(family_runs, family, task):
+    cases, reloaded = family_runs
+    case, loaded = cases[f"{family}-{task}"], reloaded[f"{family}-{task}"]
+    trainable = case["trainable"]
+    assert case["lora_b_moved"] and any("lora_A" in n for n in trainable)
+    assert np.isfinite(case["history"][-1]["eval_loss"])
+    # the layers the published checkpoint lacks (the new head; BERT's pooler; DistilBERT's pre_classifier) are
+    # trained and saved with the adapter: each one's weights are in the federated vector as modules_to_save copies
+    saved = {n.split(".modules_to_save.")[0].removeprefix("base_model.model.") for n in trainable
+             if ".modules_to_save." in n}
+    for layer in case["new_layers"]:  # the layer, or a module holding it (RoBERTa's `classifier` holds out_proj)
+        parts = layer.split(".")
+        assert any(".".join(parts[:i]) in saved for i in range(1, len(parts) + 1)), (layer, saved)
+    if task != "causal-lm":
+        assert case["new_layers"], "a published checkpoint has no task head"
+    # run_config.yaml records the targets the run used (a rerun from it adapts the same layers); the card says how
+    # the folder holds the model
+    assert case["recorded_targets"] == case["targets"]
+    assert "saved as the adapter alone" in case["card_lora_row"]
+    np.testing.assert_allclose(loaded["adapter"], case["logits"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loaded["merged"], case["logits"], rtol=1e-4, atol=1e-5)
+
+
+def _tiny_distilbert_classifier(tmp_path):
+    from hf_fedflat.data.tiny_text import train_word_tokenizer
+    from hf_fedflat.models.arguments import ModelArguments
+    from hf_fedflat.models.auto import build_auto_model
+
+    base = tiny_family_dir(tmp_path / "distilbert", "distilbert", train_word_tokenizer("bert"))
+    model = build_auto_model(ModelArguments(model_name_or_path=base), task="text-classification",
+                             label_names=["neg", "pos"])
+    assert type(model).__name__ == "DistilBertForSequenceClassification"
+    return model
+
+
+def test_targets_without_a_peft_mapping_are_the_attention_projections_and_new_layers_are_saved(tmp_path):
+    """DistilBERT (no peft default): q_lin/k_lin/v_lin/out_lin of each attention block get adapters; the head layers
+    its MLM checkpoint lacks (pre_classifier, classifier) are trained in full, never wrapped twice."""
+    from hf_fedflat.models.lora import resolved_target_modules
+
+    model = apply_lora(_tiny_distilbert_classifier(tmp_path), LORA, task="text-classification")
+    adapted = sorted({n.split(".lora_A.")[0].removeprefix("base_model.model.") for n, _ in model.named_parameters()
+                      if ".lora_A." in n})
+    assert adapted == [f"distilbert.transformer.layer.{i}.attention.{p}" for i in range(2)
+                       for p in ("k_lin", "out_lin", "q_lin", "v_lin")]
+    assert resolved_target_modules(model) == r"distilbert\.transformer\.layer\.\d+\.attention\.(k_lin|out_lin|q_lin|v_lin)"
+    full = {n.split(".modules_to_save.")[0].removeprefix("base_model.model.") for n, p in model.named_parameters()
+            if p.requires_grad and ".modules_to_save." in n}
+    assert full == {"pre_classifier", "classifier"}
+
+
+def test_all_linear_leaves_the_head_to_modules_to_save_and_a_target_on_the_head_is_refused(tmp_path):
+    model = apply_lora(_tiny_distilbert_classifier(tmp_path), LoraArguments(use_lora=True, lora_target_modules="all-linear"),
+                       task="text-classification")
+    wrapped = {n.split(".lora_A.")[0] for n, _ in model.named_parameters() if ".lora_A." in n}
+    assert wrapped and not any("classifier" in n for n in wrapped)  # peft alone would wrap pre_classifier, then fail
+    with pytest.raises(ValueError, match=r"^lora_target_modules: 'q_lin,pre_classifier' matches pre_classifier, which is "
+                                         r"trained in full \(modules_to_save: "):
+        apply_lora(_tiny_distilbert_classifier(tmp_path), LoraArguments(use_lora=True,
+                   lora_target_modules="q_lin,pre_classifier"), task="text-classification")

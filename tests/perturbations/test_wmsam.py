@@ -73,3 +73,23 @@ def test_the_preset(tmp_path, tiny_model, tiny_data):
     args, _, algorithm, *_ = setup(tmp_path, tiny_model, tiny_data, fed_algorithm="fedwmsam")
     config = algorithm.perturbation.config
     assert (config.rho, config.wmsam_alpha, args.max_grad_norm, algorithm.aggregator.name) == (0.1, 0.1, 10.0, "mean")
+    assert args.aggregation_weights == "uniform"  # a plain mean over the sampled clients, as the paper and its code
+
+
+def test_alpha_is_kept_in_the_runs_precision(tmp_path):
+    """In a float64 run alpha is a float64 tensor, and its update is the formula in float64 (not rounded to float32)."""
+    algorithm = server(tmp_path, fed_algorithm="fedwmsam")
+    w = torch.linspace(-1, 1, 6, dtype=torch.float64)
+    state = algorithm.init_server_state(w)
+    assert state["wmsam"]["alpha"].dtype == torch.float64
+    deltas = [vector(6, 1, 0.5).double(), vector(6, 2, 0.5).double()]
+    updates = [ClientUpdate(k, 8, 2, 0.0, d) for k, d in enumerate(deltas)]
+    p = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    for r in range(2):  # round 0: m = 0 (cosines 0); round 1: against the momentum of round 0
+        m = state["wmsam"]["m"]
+        alpha = float(state["wmsam"]["alpha"])
+        values = [float(d @ m / (d.norm() * m.norm())) + 1 if m.norm() > 0 else 0.0 for d in deltas]
+        expected = 0.99 * alpha + 0.01 * min(max(sum(values) / 2, 0.1), 0.9)
+        w, state = algorithm.server_step(r, w, updates, p, state, num_clients=2, learning_rate=LR)
+        assert state["wmsam"]["alpha"].dtype == torch.float64
+        assert abs(float(state["wmsam"]["alpha"]) - expected) < 1e-14  # float32 would be ~1e-9 off (0.1 itself)
