@@ -58,13 +58,17 @@ def run_config_values(run_config: dict[str, Any]) -> dict[str, Any]:
 def parse_run_config(run_config: dict[str, Any], **changes: Any) -> tuple:
     """``(data_args, model_args, lora_args, training_args)`` from a Flower App's settings (``context.run_config``),
     exactly as ``hf-fedflat train --config`` parses a file holding them; ``changes`` replace settings first (the
-    node's own data path and work folder). Bad values raise :class:`~hf_fedflat.cli.parsing.ConfigError`."""
+    node's own data path and work folder; ``""`` unsets one). Bad values raise :class:`~hf_fedflat.cli.parsing.ConfigError`."""
     import yaml
 
     from ..cli.parsing import parse_train_args
 
     values = {k: v for k, v in run_config_values(run_config).items() if k not in DEPLOYMENT_DEFAULTS}
-    values.update({k: v for k, v in changes.items() if v is not None})
+    for key, value in changes.items():  # ("" unsets a field, as in the App's settings)
+        if value == "":
+            values.pop(key, None)
+        elif value is not None:
+            values[key] = value
     with tempfile.TemporaryDirectory(prefix="hf_fedflat_app_") as folder:
         path = os.path.join(folder, "run.yaml")
         with open(path, "w", encoding="utf-8") as f:
