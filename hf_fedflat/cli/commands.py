@@ -363,7 +363,7 @@ COMMANDS = {
 
 def _usage() -> str:
     lines = ["usage: hf-fedflat <command> [options]   (hf-fedflat <command> --help for its options)", "", "commands:"]
-    lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += [f"  {name:<12} {text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)
 
 
