@@ -12,6 +12,7 @@ import pytest
 from helpers.flower import final_weights, max_difference, run_in_process, train_builtin, write_config
 
 pytest.importorskip("flwr")
+pytestmark = pytest.mark.slow
 
 from hf_fedflat.flower.local import LocalFederation  # noqa: E402
 
