@@ -279,8 +279,8 @@ def flower_app_main(argv: Sequence[str]) -> int:
         from ..flower import write_flower_app
 
         values.update(deployment)
-        folder = write_flower_app(values, known.output, name=known.name,
-                                  base_dir=os.path.dirname(os.path.abspath(known.config)))
+        # relative paths mean what they mean to hf-fedflat train run here: relative to this working folder
+        folder = write_flower_app(values, known.output, name=known.name, base_dir=os.getcwd())
     except RuntimeError as error:
         print(f"hf-fedflat flower-app: error: {error}", file=sys.stderr)
         return 2

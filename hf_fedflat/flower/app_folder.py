@@ -1,10 +1,11 @@
 """``hf-fedflat flower-app``: a ready Flower App from a run's configuration.
 
 The App folder holds a ``pyproject.toml`` whose ``[tool.flwr.app.components]`` are hf_fedflat's ServerApp and
-ClientApp (through a two-line module of the App's own package) and whose ``[tool.flwr.app.config]`` is the run's
+ClientApp (through a short module of the App's own package) and whose ``[tool.flwr.app.config]`` is the run's
 configuration (:mod:`.settings`), plus the deployment's own settings (how long the server waits for replies and for
-nodes to connect). Relative paths of the configuration are made absolute, so that the apps, which run in the
-SuperLink's and SuperNodes' working folders, read the same files.
+nodes to connect). Relative paths of the configuration are made absolute (relative to the folder ``flower-app`` runs
+in, as ``hf-fedflat train`` reads them), so that the apps, which run in the SuperLink's and SuperNodes' working
+folders, read the same files.
 """
 
 from __future__ import annotations
