@@ -18,7 +18,7 @@ from typing import Any
 from ..io import atomic_write_text
 from .settings import ALWAYS_PRESENT, DEPLOYMENT_DEFAULTS, app_settings
 
-__all__ = ["write_flower_app"]
+__all__ = ["toml_value", "write_flower_app"]
 
 _APPS_MODULE = '''"""The Flower App's components: hf_fedflat's ServerApp and ClientApp (hf_fedflat.flower).
 
@@ -51,7 +51,8 @@ _PATH_FIELDS = ("output_dir", "data_dir", "dataset_name", "model_name_or_path", 
                 "logging_dir", "generation_prompts_file", "smoke_dir", "resume_from_checkpoint")
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """``value`` as a TOML value (the App's settings; ``flwr run --run-config``)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -81,7 +82,7 @@ def write_flower_app(config: dict[str, Any], output: str | os.PathLike, *, name:
         if key not in values:
             values[key] = default
     settings = {**app_settings(values), **{k: values.get(k, v) for k, v in DEPLOYMENT_DEFAULTS.items()}}
-    config_lines = "\n".join(f"{key} = {_toml_value(value)}" for key, value in settings.items()
+    config_lines = "\n".join(f"{key} = {toml_value(value)}" for key, value in settings.items()
                              if value is not None)
     pyproject = f'''# A Flower App written by `hf-fedflat flower-app`: hf_fedflat's ServerApp and ClientApp with this run's settings.
 # Run it: flwr run . <federation> [--run-config "num_rounds=50 resume_from_checkpoint='latest'"]

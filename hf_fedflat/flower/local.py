@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .app_folder import toml_value
+
 __all__ = ["LocalFederation", "free_port"]
 
 CONNECTION = "hf-fedflat-local"
@@ -137,7 +139,7 @@ class LocalFederation:
         """Start ``flwr run`` of the App on this federation (its log on the returned process's stdout)."""
         command = [_bin("flwr"), "run", str(Path(app).resolve()), CONNECTION, "--stream"]
         if run_config:
-            command += ["--run-config", " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())]
+            command += ["--run-config", " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())]
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
                                 cwd=self.folder, start_new_session=True, text=True, bufsize=1)
 
@@ -220,14 +222,6 @@ class LocalFederation:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return "'" + str(value).replace("'", "") + "'"
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:

@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["RECORD_PREFIX", "client_app", "partition_id_of", "process_alive", "receive_frame", "send_frames"]
+__all__ = ["RECORD_PREFIX", "client_app", "partition_id_of", "receive_frame", "send_frames"]
 
 #: the keys of client states in ``Context.state`` (the states of a node without a state-dir)
 RECORD_PREFIX = "hf_fedflat.client_state."
@@ -52,16 +52,6 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def socket_path(node_config: dict[str, Any], anchor_pid: int, extra: str = "") -> str:

@@ -23,7 +23,8 @@ import logging
 import os
 import socket
 
-from .relay import process_alive, receive_frame, send_frames
+from ..federation.run_folder import process_alive
+from .relay import receive_frame, send_frames
 
 __all__ = ["main", "serve"]
 

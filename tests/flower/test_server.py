@@ -14,17 +14,23 @@ pytest.importorskip("flwr")
 PRESETS = ["fedavg", "scaffold", "fedlesam_d", "fedgam_cv", "fedavg+fedgh", "fedgloss"]
 
 
-@pytest.mark.parametrize("clients_per_round", [3, 2], ids=["all_clients", "two_of_three"])
-@pytest.mark.parametrize("algorithm", PRESETS)
-def test_flower_rounds_give_the_builtin_model(tmp_path, algorithm, clients_per_round):
-    changes = {"fed_algorithm": algorithm, "clients_per_round": clients_per_round, "num_rounds": 3}
+def _both_runs(tmp_path, **changes) -> tuple[list[dict], list[dict]]:
+    """``hf-fedflat train`` and the ServerApp's rounds of the same settings: ``(built-in history, Flower history)``,
+    after checking that their final weights are the same bit for bit."""
     builtin = train_builtin(tmp_path, **changes)
     flower, _ = run_in_process(tmp_path, **changes)
     assert max_difference(final_weights(builtin), final_weights(flower)) == 0.0
-    with open(os.path.join(builtin, "history.json")) as f:
-        expected = json.load(f)
-    with open(os.path.join(flower, "history.json")) as f:
-        got = json.load(f)
+    histories = []
+    for output in (builtin, flower):
+        with open(os.path.join(output, "history.json")) as f:
+            histories.append(json.load(f))
+    return histories[0], histories[1]
+
+
+@pytest.mark.parametrize("clients_per_round", [3, 2], ids=["all_clients", "two_of_three"])
+@pytest.mark.parametrize("algorithm", PRESETS)
+def test_flower_rounds_give_the_builtin_model(tmp_path, algorithm, clients_per_round):
+    expected, got = _both_runs(tmp_path, fed_algorithm=algorithm, clients_per_round=clients_per_round, num_rounds=3)
     assert [r["clients"] for r in got] == [r["clients"] for r in expected]
     assert [r["eval_loss"] for r in got] == [r["eval_loss"] for r in expected]
     # what each node received and sent, per round: the packed payload down, the update and messages up
@@ -36,13 +42,6 @@ def test_flower_rounds_give_the_builtin_model(tmp_path, algorithm, clients_per_r
 def test_client_level_dp_noise_is_added_on_the_nodes_as_in_the_builtin_run(tmp_path):
     """``dp_fedsam`` adds each client's noise in the client's own code, here on its node: the deployed run gives
     ``hf-fedflat train``'s model and the same epsilon after every round (Poisson-sampled clients included)."""
-    changes = {"fed_algorithm": "dp_fedsam", "clients_per_round": 2, "num_rounds": 3}
-    builtin = train_builtin(tmp_path, **changes)
-    flower, _ = run_in_process(tmp_path, **changes)
-    assert max_difference(final_weights(builtin), final_weights(flower)) == 0.0
-    with open(os.path.join(builtin, "history.json")) as f:
-        expected = json.load(f)
-    with open(os.path.join(flower, "history.json")) as f:
-        got = json.load(f)
+    expected, got = _both_runs(tmp_path, fed_algorithm="dp_fedsam", clients_per_round=2, num_rounds=3)
     assert [r["clients"] for r in got] == [r["clients"] for r in expected]
     assert [r["dp_epsilon"] for r in got] == [r["dp_epsilon"] for r in expected] and got[-1]["dp_epsilon"] > 0
