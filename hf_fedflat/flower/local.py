@@ -83,10 +83,13 @@ class LocalFederation:
         self.port: int | None = None
         self._stopped: list[int] = []  # processes stopped, whose descendants must be gone too
         self.home = self.folder / "flwr_home"
-        # TMPDIR: what the nodes write without a state-dir (working files, the warm workers' sockets) stays in folder
+        # TMPDIR: what the nodes write without a state-dir (working files, the warm workers' sockets and logs) goes to
+        # a folder of this federation's, removed when it stops; short, as a Unix socket's path must be (~100 bytes)
+        base = tempfile.gettempdir()
+        self.tmp = Path(tempfile.mkdtemp(prefix="hf_fedflat_flower_", dir=base if len(base) <= 40 else "/tmp"))
         # PATH: Flower's processes start others by name (flower-superexec, flwr-serverapp): this Python's first
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_UPDATE_CHECK": "1",
-                    "PYTHONUNBUFFERED": "1", "TMPDIR": str(self.folder / "tmp"),
+                    "PYTHONUNBUFFERED": "1", "TMPDIR": str(self.tmp),
                     "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
 
     # -- processes --------------------------------------------------------------------------------------
@@ -100,7 +103,6 @@ class LocalFederation:
 
     def start(self, timeout: float = 60.0) -> "LocalFederation":
         self.home.mkdir(parents=True, exist_ok=True)
-        (self.folder / "tmp").mkdir(exist_ok=True)
         self.port = free_port()
         self.superlink = self._popen([_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port",
                                       str(self.port)], "superlink.log")
@@ -190,7 +192,7 @@ class LocalFederation:
         """The nodes' warm workers (re-parented to init once the ClientApp that started them exits; their sockets are
         in this federation's TMPDIR)."""
         return [int(name) for name in os.listdir("/proc") if name.isdigit() and _running(int(name))
-                and "hf_fedflat.flower.worker" in (line := _command_line(int(name))) and str(self.folder) in line]
+                and "hf_fedflat.flower.worker" in (line := _command_line(int(name))) and str(self.tmp) in line]
 
     def stop(self) -> None:
         """Stop every process this federation started (SuperNodes first), with their children."""
@@ -201,6 +203,7 @@ class LocalFederation:
             self.superlink = None
         for pid in self._workers():  # (they end with their SuperNode within seconds; not left to do so)
             _signal(pid, signal.SIGKILL)
+        shutil.rmtree(self.tmp, ignore_errors=True)
         if self._temporary:
             shutil.rmtree(self.folder, ignore_errors=True)
 

@@ -35,6 +35,7 @@ def serve(path: str, anchor_pid: int, once: bool = False) -> None:
     server.bind(path)
     server.listen(4)
     server.settimeout(2.0)
+    ended = False  # (its SuperNode gone, its one message answered, or SIGTERM: the log of its start is not needed)
     try:
         while process_alive(anchor_pid):
             try:
@@ -49,10 +50,15 @@ def serve(path: str, anchor_pid: int, once: bool = False) -> None:
                 send_frames(connection, json.dumps({**reply, "parts": len(parts)}).encode(), *parts)
             if once:
                 break
+        ended = True
+    except SystemExit as stop:
+        ended = stop.code == 0
+        raise
     finally:
         server.close()
-        if os.path.exists(path):
-            os.unlink(path)
+        for leftover in (path, path + ".log") if ended else (path,):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 def _handle(train_message, header: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:

@@ -14,7 +14,9 @@ from helpers import load_benchmark
 @pytest.fixture(scope="module")
 def W():
     module = load_benchmark("whole_run")
+    threads = torch.get_num_threads()
     yield module
+    torch.set_num_threads(threads)  # (its main sets this process's thread count)
     del sys.modules[module.__name__]
 
 

@@ -50,8 +50,26 @@ def rounds_recorded(output_dir) -> int:
         return 0
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_everywhere():
+    """One torch thread in this process (the built-in runs) and in every process of the federations (their env is
+    this one's): a CPU kernel's float reductions depend on its thread count, so equal counts are part of "the same
+    machine" that bit-identity needs."""
+    import torch
+
+    threads, variable = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    torch.set_num_threads(threads)
+    if variable is None:
+        del os.environ["OMP_NUM_THREADS"]
+    else:
+        os.environ["OMP_NUM_THREADS"] = variable
+
+
 @pytest.fixture(scope="module")
-def federation(tmp_path_factory):
+def federation(one_thread_everywhere, tmp_path_factory):
     """Three SuperNodes (partition-id 0, 1, 2) shared by the equality runs."""
     lines = []
     with LocalFederation(3, folder=tmp_path_factory.mktemp("federation"), output=lines.append) as running:
@@ -63,6 +81,7 @@ def federation(tmp_path_factory):
 
 def _assert_all_stopped(federation):
     wait_for(lambda: not federation.processes(), 15, "every process of the federation to end")
+    assert not federation.tmp.exists()  # (the nodes' temporary files, the workers' sockets and logs)
 
 
 EQUALITY_RUNS = [(algorithm, clients_per_round) for algorithm in
