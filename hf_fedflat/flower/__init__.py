@@ -5,9 +5,10 @@ each node (``pip install "hf_fedflat[flower]"``, Python 3.11 or newer).
   are hf_fedflat's (:func:`write_flower_app`); ``flwr run APP_DIR <federation>`` runs it;
 - ``hf-fedflat flower-local --app APP_DIR --supernodes N`` runs it on a local federation on 127.0.0.1
   (:class:`LocalFederation`);
-- in an App of your own: :func:`server_app` / :func:`client_app` are the components, :func:`run_server` runs the
-  rounds on a ``Grid`` you hold, :class:`FlowerClients` is the server's side of the round loop and
-  :func:`train_message` a node's training of one message.
+- in an App of your own: :func:`server_app` / :func:`client_app` are the components, :class:`FedFlatStrategy`
+  (``start(grid)``) or :func:`run_server` runs the rounds on a ``Grid`` you hold, :func:`arguments_settings` turns
+  ``FedTrainingArguments`` built in Python into the settings both sides take, :class:`FlowerClients` is the
+  server's side of the round loop and :func:`train_message` a node's training of one message.
 
 See docs/flower.md.
 """
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["FlowerClients", "LocalFederation", "client_app", "require_flower", "run_server", "server_app",
-           "train_message", "write_flower_app"]
+__all__ = ["FedFlatStrategy", "FlowerClients", "LocalFederation", "arguments_settings", "client_app", "require_flower",
+           "run_server", "server_app", "train_message", "write_flower_app"]
 
 FLOWER_REQUIREMENT = "flwr>=1.42,<1.43"
 
@@ -38,8 +39,10 @@ def __getattr__(name: str):
         from . import relay as module
     elif name == "train_message":
         from . import node as module
-    elif name in ("server_app", "run_server"):
+    elif name in ("server_app", "run_server", "FedFlatStrategy"):
         from . import server as module
+    elif name == "arguments_settings":
+        from . import settings as module
     elif name == "FlowerClients":
         from . import server_clients as module
     elif name == "write_flower_app":

@@ -104,7 +104,7 @@ def partition_id_of(node_config: dict[str, Any]) -> int:
         raise ValueError(f"node-config partition-id: {value!r} is not an integer.") from None
 
 
-def _train(msg, context, train=None) -> dict[str, Any]:
+def _train(msg, context, train=None, settings=None) -> dict[str, Any]:
     """The reply's parts (``hf_fedflat.flower.node.train_message``): trained by ``train`` in this process when given,
     else by the node's warm worker (``warm-worker=false``: by a worker started for this message alone); the states
     kept in ``Context.state`` pass both ways."""
@@ -113,7 +113,8 @@ def _train(msg, context, train=None) -> dict[str, Any]:
 
     config = dict(msg.content["config"])
     payload = msg.content["arrays"]["payload"].numpy()
-    run_config, node_config = dict(context.run_config), dict(context.node_config)
+    run_config = dict(context.run_config if settings is None else settings)
+    node_config = dict(context.node_config)
     records = {k: {"bytes": bytes(v["bytes"]), "layout": str(v["layout"])} for k, v in context.state.items()
                if k.startswith(RECORD_PREFIX)}
     before = set(records)
@@ -144,9 +145,11 @@ def _train(msg, context, train=None) -> dict[str, Any]:
     return result
 
 
-def client_app(train_here=None):
-    """hf_fedflat's Flower ``ClientApp`` (the App's ``clientapp`` component). ``train_here``: train each message in
-    this process with this function (``hf_fedflat.flower.node.train_message``) instead of the node's worker."""
+def client_app(settings: dict[str, Any] | None = None, train_here=None):
+    """hf_fedflat's Flower ``ClientApp`` (the App's ``clientapp`` component). ``settings``: the run's settings
+    (``hf_fedflat.flower.arguments_settings(training_args, ...)``, the same the server's strategy is given) instead of
+    the App's ``run_config``; ``train_here``: train each message in this process with this function
+    (``hf_fedflat.flower.node.train_message``) instead of the node's worker."""
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
@@ -154,7 +157,7 @@ def client_app(train_here=None):
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        result = _train(msg, context, train_here)
+        result = _train(msg, context, train_here, settings)
         if "failure" in result:
             return Message(RecordDict({"config": ConfigRecord({"failure": result["failure"]})}), reply_to=msg)
         array, layout = result["update"]

@@ -19,8 +19,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_server", "serve", "server_app"]
-
+__all__ = ["FedFlatStrategy", "run_server", "serve", "server_app"]
 
 
 def run_server(grid, run_config: dict[str, Any]):
@@ -46,6 +45,37 @@ def run_server(grid, run_config: dict[str, Any]):
     output = trainer.train()
     run_final_evaluation(trainer, experiment.data, experiment.args)
     return output
+
+
+class FedFlatStrategy:
+    """hf_fedflat's server as a strategy object, for a ServerApp of your own: ``start(grid)`` runs the rounds (the
+    seeded sampling, what the algorithm sends, its aggregator and plug-ins, evaluation, checkpoints, the final model)
+    with the round's clients trained on the grid's SuperNodes.
+
+    ``settings`` are the run's App settings: ``context.run_config``, or ``arguments_settings(training_args, ...)``
+    for arguments built in Python (:meth:`from_arguments`). The nodes' ClientApp must train with the same settings
+    (``client_app(settings=...)``, or the App's ``run_config``)."""
+
+    def __init__(self, settings: dict[str, Any]):
+        self.settings = dict(settings)
+
+    @classmethod
+    def from_arguments(cls, training_args, *other_arguments) -> "FedFlatStrategy":
+        """From ``FedTrainingArguments`` (and optionally the data, model and LoRA arguments)."""
+        from .settings import arguments_settings
+
+        return cls(arguments_settings(training_args, *other_arguments))
+
+    def start(self, grid, num_rounds: int | None = None, timeout: float | None = None):
+        """Run the rounds on ``grid``; ``num_rounds`` and ``timeout`` (seconds to wait for a round's replies) replace
+        the settings' ``num_rounds`` and ``flower_reply_timeout``. Returns the trainer's output (its
+        ``final_model_dir``, ...)."""
+        settings = dict(self.settings)
+        if num_rounds is not None:
+            settings["num_rounds"] = num_rounds
+        if timeout is not None:
+            settings["flower_reply_timeout"] = timeout
+        return run_server(grid, settings)
 
 
 def serve(grid, context) -> None:

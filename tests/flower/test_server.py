@@ -45,3 +45,29 @@ def test_client_level_dp_noise_is_added_on_the_nodes_as_in_the_builtin_run(tmp_p
     expected, got = _both_runs(tmp_path, fed_algorithm="dp_fedsam", clients_per_round=2, num_rounds=3)
     assert [r["clients"] for r in got] == [r["clients"] for r in expected]
     assert [r["dp_epsilon"] for r in got] == [r["dp_epsilon"] for r in expected] and got[-1]["dp_epsilon"] > 0
+
+
+def test_strategy_from_python_arguments_gives_the_builtin_model(tmp_path):
+    """A ServerApp and ClientApp of a user's own: ``FedFlatStrategy.from_arguments(...)`` started on the grid, the
+    nodes' ``client_app(settings=...)`` given the same arguments' settings (their App declares none): the model of
+    ``hf-fedflat train`` for the same run, bit for bit."""
+    from hf_fedflat.config import FedTrainingArguments
+    from hf_fedflat.data.arguments import DataArguments
+    from hf_fedflat.flower import FedFlatStrategy, arguments_settings
+    from hf_fedflat.models.arguments import ModelArguments
+
+    from helpers.flower import RUN_CONFIG, InProcessGrid
+
+    data_fields, model_fields = {"dataset_name"}, {"model_name", "image_size"}
+    training = FedTrainingArguments(**{k: v for k, v in RUN_CONFIG.items() if k not in data_fields | model_fields},
+                                    fed_algorithm="fedlesam_d", output_dir=str(tmp_path / "flower"))
+    data = DataArguments(**{k: RUN_CONFIG[k] for k in data_fields})
+    model = ModelArguments(**{k: RUN_CONFIG[k] for k in model_fields})
+    settings = arguments_settings(training, data, model)
+    strategy = FedFlatStrategy.from_arguments(training, data, model)
+    assert strategy.settings == settings
+    grid = InProcessGrid(settings, 3, app_has_settings=False)
+    output = strategy.start(grid, num_rounds=3, timeout=5.0)
+    assert output.final_model_dir == str(tmp_path / "flower" / "final_model")
+    builtin = train_builtin(tmp_path, fed_algorithm="fedlesam_d", num_rounds=3)
+    assert max_difference(final_weights(builtin), final_weights(tmp_path / "flower")) == 0.0

@@ -54,10 +54,12 @@ class InProcessGrid:
     ``Context`` (``node_config``, ``state``), as a SuperNode calls them.
 
     ``absent(round_index, client) -> bool`` drops a node's train message (no reply, as a killed node);
-    ``tamper(reply, client, round_index) -> reply`` replaces a reply (a broken or hostile node)."""
+    ``tamper(reply, client, round_index) -> reply`` replaces a reply (a broken or hostile node);
+    ``app_has_settings=False``: the nodes' App declares no settings (``run_config`` is empty) and the ClientApp is
+    given ``run_config`` in Python (``client_app(settings=...)``)."""
 
     def __init__(self, run_config: dict[str, Any], num_nodes: int, node_config: Callable[[int], dict] | None = None,
-                 absent: Callable[[int, int], bool] | None = None, tamper=None):
+                 absent: Callable[[int, int], bool] | None = None, tamper=None, app_has_settings: bool = True):
         from flwr.app import Context, RecordDict
         from flwr.supercore.task_identity import TaskIdentity
 
@@ -68,13 +70,14 @@ class InProcessGrid:
         # new TrainingArguments resets and the last Trainer built sets up again (in a deployment each is a process).
         node._EXPERIMENTS.clear()
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # (Message needs a task identity)
-        self.app = client_app(train_here=node.train_message)  # (a deployment's ClientApp hands them to the node's worker)
+        # (a deployment's ClientApp hands them to the node's worker)
+        self.app = client_app(settings=None if app_has_settings else dict(run_config), train_here=node.train_message)
         self.contexts = {}
         for i in range(num_nodes):
             settings = {"partition-id": i, "num-partitions": num_nodes,
                         **(node_config(i) if node_config else {})}
             self.contexts[1000 + i] = Context(run_id=1, node_id=1000 + i, node_config=settings, state=RecordDict(),
-                                              run_config=dict(run_config))
+                                              run_config=dict(run_config) if app_has_settings else {})
             try:
                 node._node_experiment(dict(run_config), node.node_settings(settings))
             except Exception:  # (a node whose settings are wrong answers its messages with the reason)
