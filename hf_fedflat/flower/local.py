@@ -84,9 +84,10 @@ class LocalFederation:
         self._stopped: list[int] = []  # processes stopped, whose descendants must be gone too
         self.home = self.folder / "flwr_home"
         # TMPDIR: what the nodes write without a state-dir (working files, the warm workers' sockets and logs) goes to
-        # a folder of this federation's, removed when it stops; short, as a Unix socket's path must be (~100 bytes)
+        # a folder of this federation's, removed when it stops; short, as a Unix socket's path in it must be (under
+        # 100 bytes; a worker's is 37 bytes within)
         base = tempfile.gettempdir()
-        self.tmp = Path(tempfile.mkdtemp(prefix="hf_fedflat_flower_", dir=base if len(base) <= 40 else "/tmp"))
+        self.tmp = Path(tempfile.mkdtemp(prefix="hf_fedflat_", dir=base if len(base) <= 24 else "/tmp"))
         # PATH: Flower's processes start others by name (flower-superexec, flwr-serverapp): this Python's first
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_UPDATE_CHECK": "1",
                     "PYTHONUNBUFFERED": "1", "TMPDIR": str(self.tmp),

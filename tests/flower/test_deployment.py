@@ -102,6 +102,8 @@ def test_deployments_give_the_builtin_model(federation, tmp_path):
         cases[algorithm, clients_per_round] = folder, changes, output, write_app(folder, output_dir=output, **changes)
     with ThreadPoolExecutor(3) as pool:  # (the threads only wait on flwr run's processes)
         statuses = list(pool.map(lambda case: federation.run(case[3], timeout=RUN_TIMEOUT), cases.values()))
+    # one warm worker per node served every run, its socket in the federation's own temporary folder
+    assert len(federation._workers()) == 3
     for (case, (folder, changes, output, _)), status in zip(cases.items(), statuses):
         assert status == 0, f"{case}: flwr run exited {status}\n" + "".join(federation.lines[-60:])
         builtin = train_builtin(folder / "builtin_run", **changes)
