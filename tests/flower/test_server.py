@@ -27,10 +27,11 @@ def _both_runs(tmp_path, **changes) -> tuple[list[dict], list[dict]]:
     return histories[0], histories[1]
 
 
-@pytest.mark.parametrize("clients_per_round", [3, 2], ids=["all_clients", "two_of_three"])
 @pytest.mark.parametrize("algorithm", PRESETS)
-def test_flower_rounds_give_the_builtin_model(tmp_path, algorithm, clients_per_round):
-    expected, got = _both_runs(tmp_path, fed_algorithm=algorithm, clients_per_round=clients_per_round, num_rounds=3)
+def test_flower_rounds_give_the_builtin_model(tmp_path, algorithm):
+    """2 of 3 clients sampled each round over 3 rounds (a client's state may skip a round); with every client each
+    round the deployments of ``test_deployment.py`` check them too."""
+    expected, got = _both_runs(tmp_path, fed_algorithm=algorithm, clients_per_round=2, num_rounds=3)
     assert [r["clients"] for r in got] == [r["clients"] for r in expected]
     assert [r["eval_loss"] for r in got] == [r["eval_loss"] for r in expected]
     # what each node received and sent, per round: the packed payload down, the update and messages up
