@@ -11,7 +11,6 @@ parse the same settings with the parser of ``hf-fedflat train``, so a value mean
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import os
 import tempfile
@@ -81,53 +80,27 @@ def parse_run_config(run_config: dict[str, Any], **changes: Any) -> tuple:
 
 def arguments_settings(training_args, *other_arguments) -> dict[str, Any]:
     """The App settings of arguments built in Python (``FedTrainingArguments`` and, optionally, the
-    ``DataArguments`` / ``ModelArguments`` / ``LoraArguments`` of ``hf-fedflat train``): the fields set to other than
-    what the same class gives by default (for the training arguments: for the same algorithm, so what its preset
-    fills in is not repeated). Parsing them back gives the same arguments, field for field (checked here: a field
-    that does not survive the trip raises ``ValueError`` naming it)."""
-    from ..config import FedTrainingArguments
+    ``DataArguments`` / ``ModelArguments`` / ``LoraArguments`` of ``hf-fedflat train``): the run's configuration as
+    its ``run_config.yaml`` records it (:func:`~hf_fedflat.federation.run_record.effective_run_config`: what the
+    preset fills in left to the preset, paths absolute, no credentials). Parsing them back gives the same arguments,
+    field for field (checked here: a field that does not survive the trip raises ``ValueError`` naming it)."""
+    from ..data.arguments import DataArguments
+    from ..federation.run_record import PATH_FIELDS, effective_run_config
+    from ..models.arguments import ModelArguments
+    from ..models.lora import LoraArguments
 
-    config: dict[str, Any] = {}
-    for arguments in (training_args, *other_arguments):
-        if isinstance(arguments, FedTrainingArguments):
-            reference = type(arguments)(output_dir=arguments.output_dir, fed_algorithm=arguments.fed_algorithm)
-            config.update(output_dir=arguments.output_dir, fed_algorithm=arguments.fed_algorithm)
-        else:
-            reference = type(arguments)()
-        mine, default = _as_given(arguments), _as_given(reference)
-        config.update({name: _plain(value) for name, value in mine.items() if value != default[name]})
-    for name, value in config.items():
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}: {value!r} cannot be written as an App setting (no JSON for it); give the run "
-                             "as a config file instead.") from None
-    settings = app_settings(config)
+    def given(kind):
+        return next((a for a in other_arguments if isinstance(a, kind)), None)
+
+    settings = app_settings(effective_run_config(given(DataArguments), given(ModelArguments), given(LoraArguments),
+                                                 training_args))
     parsed = {type(a): a for a in parse_run_config(settings)}
     for arguments in (training_args, *other_arguments):
         for field in dataclasses.fields(arguments):
-            if field.init and getattr(arguments, field.name) != getattr(parsed[type(arguments)], field.name):
-                raise ValueError(f"{field.name}: {getattr(arguments, field.name)!r} cannot be written as an App "
-                                 "setting (parsed back, it differs); give the run as a config file instead.")
+            value, back = getattr(arguments, field.name), getattr(parsed[type(arguments)], field.name)
+            if field.name in PATH_FIELDS and isinstance(value, str) and value and back == os.path.abspath(value):
+                continue
+            if field.init and value != back:
+                raise ValueError(f"{field.name}: {value!r} cannot be written as an App setting (parsed back, it "
+                                 "differs); give the run as a config file instead.")
     return settings
-
-
-def _as_given(arguments) -> dict[str, Any]:
-    """The init fields of ``arguments`` as given: the ones the preset, its pieces or the model's optimizer defaults
-    filled in are unset again (as ``FedTrainingArguments.with_algorithm`` does)."""
-    values = {f.name: getattr(arguments, f.name) for f in dataclasses.fields(arguments) if f.init}
-    values.update({name: None for name in getattr(arguments, "_defaulted_fields", ())})
-    values.update({name: None for name in getattr(arguments, "_unset_optimizer_fields", ())})
-    return values
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # (accelerator_config)
-        return _plain(dataclasses.asdict(value))
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value

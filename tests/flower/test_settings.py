@@ -23,12 +23,15 @@ def python_arguments(tmp_path, **changes):
 def test_arguments_built_in_python_become_settings_that_parse_to_them(tmp_path):
     training, data, model = python_arguments(tmp_path)
     settings = arguments_settings(training, data, model)
-    # what was set to other than its default, and not what the preset fills in (FedLESAM-D's feddyn_alpha,
-    # lesam_direction); seed 42, one local epoch and Dir(0.3) are the defaults
-    assert run_config_values(settings) == {
+    # what was set, with its value; what the preset fills in (FedLESAM-D's feddyn_alpha, lesam_direction) left unset
+    values = run_config_values(settings)
+    assert {k: values[k] for k in ("output_dir", "fed_algorithm", "num_clients", "clients_per_round", "num_rounds",
+                                   "learning_rate", "optim", "per_device_train_batch_size", "rho", "image_size",
+                                   "dataset_name", "model_name")} == {
         "output_dir": str(tmp_path / "run"), "fed_algorithm": "fedlesam_d", "num_clients": 3, "clients_per_round": 2,
         "num_rounds": 2, "learning_rate": 0.05, "optim": "sgd", "per_device_train_batch_size": 64, "rho": 0.1,
-        "image_size": 8}
+        "image_size": 8, "dataset_name": "digits", "model_name": "small_cnn"}
+    assert "feddyn_alpha" not in values and "lesam_direction" not in values
     parsed = {type(a): a for a in parse_run_config(settings)}
     for arguments in (training, data, model):
         for field in dataclasses.fields(arguments):
