@@ -85,7 +85,7 @@ class LocalFederation:
         self.home = self.folder / "flwr_home"
         # TMPDIR: what the nodes write without a state-dir (working files, the warm workers' sockets and logs) goes to
         # a folder of this federation's, removed when it stops; short, as a Unix socket's path in it must be (under
-        # 100 bytes; a worker's is 37 bytes within)
+        # 100 bytes; a worker's is at most 41 bytes within)
         base = tempfile.gettempdir()
         self.tmp = Path(tempfile.mkdtemp(prefix="hf_fedflat_", dir=base if len(base) <= 24 else "/tmp"))
         # PATH: Flower's processes start others by name (flower-superexec, flwr-serverapp): this Python's first

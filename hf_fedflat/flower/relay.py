@@ -13,6 +13,7 @@ not import the ``hf_fedflat`` package; ``hf_fedflat.flower.client_app`` is the s
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -48,7 +49,7 @@ def _exactly(sock: socket.socket, size: int) -> bytes:
     while left:
         chunk = sock.recv(min(left, 1 << 20))
         if not chunk:
-            raise ConnectionError("the node's worker closed the connection")
+            raise ConnectionError("the other side closed the connection")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
@@ -66,30 +67,41 @@ def call_worker(path: str, anchor_pid: int, header: dict, blobs: list[bytes], st
                 once: bool = False):
     """One request (a JSON header and binary parts) to the node's worker, started first when none answers (``once``:
     a worker that exits after this request); returns ``(reply header, reply parts)``."""
-    deadline = time.monotonic() + start_timeout
-    started = None
-    while True:
+    try:
+        return _exchange(path, header, blobs)
+    except (FileNotFoundError, ConnectionRefusedError):
+        pass
+    # The ClientApps of concurrent runs reach a new node at the same time: one of them starts the worker while the
+    # others wait on the lock, then find it. (A worker's socket appears once it listens, so one that refuses is a
+    # dead worker's.)
+    with open(path + ".lock", "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.connect(path)
-                send_frames(sock, json.dumps({**header, "parts": len(blobs)}).encode(), *blobs)
-                reply = json.loads(receive_frame(sock))
-                return reply, [receive_frame(sock) for _ in range(reply.pop("parts"))]
+            return _exchange(path, header, blobs)
         except (FileNotFoundError, ConnectionRefusedError):
-            if started is None:
-                if os.path.exists(path):
-                    os.unlink(path)  # a dead worker's socket
-                with open(path + ".log", "ab") as log:  # (what the worker prints outside of a message)
-                    started = subprocess.Popen(
-                        [sys.executable, "-m", "hf_fedflat.flower.worker", "--socket", path, "--anchor-pid",
-                         str(anchor_pid), *(["--once"] if once else [])], stdout=log, stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL)
-            elif started.poll() is not None:
-                raise RuntimeError(f"the node's worker exited with status {started.returncode}; see {path}.log"
-                                   ) from None
+            if os.path.exists(path):
+                os.unlink(path)
+        with open(path + ".log", "ab") as log:  # (what the worker prints outside of a message)
+            started = subprocess.Popen(
+                [sys.executable, "-m", "hf_fedflat.flower.worker", "--socket", path, "--anchor-pid", str(anchor_pid),
+                 *(["--once"] if once else [])], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        print(f"hf_fedflat: started the node's worker (pid {started.pid}) on {path}", flush=True)  # (the node's log)
+        deadline = time.monotonic() + start_timeout
+        while not os.path.exists(path):
+            if started.poll() is not None:
+                raise RuntimeError(f"the node's worker exited with status {started.returncode}; see {path}.log")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the node's worker did not answer on {path} within {start_timeout:g}s") from None
+                raise TimeoutError(f"the node's worker did not answer on {path} within {start_timeout:g}s")
             time.sleep(0.05)
+    return _exchange(path, header, blobs)
+
+
+def _exchange(path: str, header: dict, blobs: list[bytes]):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        send_frames(sock, json.dumps({**header, "parts": len(blobs)}).encode(), *blobs)
+        reply = json.loads(receive_frame(sock))
+        return reply, [receive_frame(sock) for _ in range(reply.pop("parts"))]
 
 
 def partition_id_of(node_config: dict[str, Any]) -> int:

@@ -32,8 +32,13 @@ def serve(path: str, anchor_pid: int, once: bool = False) -> None:
     from .node import train_message
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
+    staging = path + ".new"
+    if os.path.exists(staging):
+        os.unlink(staging)  # (left by a worker that was killed while starting)
+    server.bind(staging)
     server.listen(4)
+    os.rename(staging, path)  # the socket appears once it listens: a ClientApp that finds it is never refused
+    logging.getLogger(__name__).info("the node's worker (pid %d) listens on %s", os.getpid(), path)
     server.settimeout(2.0)
     ended = False  # (its SuperNode gone, its one message answered, or SIGTERM: the log of its start is not needed)
     try:
@@ -44,10 +49,15 @@ def serve(path: str, anchor_pid: int, once: bool = False) -> None:
                 continue
             with connection:
                 connection.settimeout(None)
-                header = json.loads(receive_frame(connection))
-                blobs = [receive_frame(connection) for _ in range(header.pop("parts"))]
-                reply, parts = _handle(train_message, header, blobs)
-                send_frames(connection, json.dumps({**reply, "parts": len(parts)}).encode(), *parts)
+                try:
+                    header = json.loads(receive_frame(connection))
+                    blobs = [receive_frame(connection) for _ in range(header.pop("parts"))]
+                    reply, parts = _handle(train_message, header, blobs)
+                    send_frames(connection, json.dumps({**reply, "parts": len(parts)}).encode(), *parts)
+                except (OSError, ValueError, KeyError) as error:
+                    # the ClientApp went away mid-message (Flower stopped it, or its run), or sent garbage: this
+                    # message is lost, not the node's worker
+                    logging.getLogger(__name__).warning("a message was dropped: %s: %s", type(error).__name__, error)
             if once:
                 break
         ended = True
@@ -56,7 +66,7 @@ def serve(path: str, anchor_pid: int, once: bool = False) -> None:
         raise
     finally:
         server.close()
-        for leftover in (path, path + ".log") if ended else (path,):
+        for leftover in (path, path + ".log", path + ".lock") if ended else (path,):
             if os.path.exists(leftover):
                 os.unlink(leftover)
 

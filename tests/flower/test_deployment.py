@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from helpers.flower import final_weights, max_difference, run_in_process, train_
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.slow
 
-from hf_fedflat.flower.local import LocalFederation  # noqa: E402
+from hf_fedflat.flower.local import LocalFederation, _command_line  # noqa: E402
 
 RUN_TIMEOUT = 300  # seconds for one flwr run of a few rounds (a run takes 20-60 s on a loaded 2-core VM)
 
@@ -79,6 +80,17 @@ def federation(one_thread_everywhere, tmp_path_factory):
     _assert_all_stopped(processes)
 
 
+def diagnosis(federation, lines) -> str:
+    """What to read when a deployment test fails: the runs' last lines, the nodes' logs and their workers' logs."""
+    parts = ["".join(lines[-60:])]
+    for partition_id in range(federation.num_supernodes):
+        parts.append(f"--- supernode-{partition_id}.log\n" + federation.log(f"supernode-{partition_id}")[-3000:])
+    parts.append("--- processes\n" + "\n".join(f"{pid} {_command_line(pid)}" for pid in federation.processes()))
+    for log in sorted(federation.tmp.glob("*.log")):
+        parts.append(f"--- {log.name}\n" + log.read_text(errors="replace")[-3000:])
+    return "\n".join(parts)
+
+
 def _assert_all_stopped(federation):
     wait_for(lambda: not federation.processes(), 15, "every process of the federation to end")
     assert not federation.tmp.exists()  # (the nodes' temporary files, the workers' sockets and logs)
@@ -102,10 +114,15 @@ def test_deployments_give_the_builtin_model(federation, tmp_path):
         cases[algorithm, clients_per_round] = folder, changes, output, write_app(folder, output_dir=output, **changes)
     with ThreadPoolExecutor(3) as pool:  # (the threads only wait on flwr run's processes)
         statuses = list(pool.map(lambda case: federation.run(case[3], timeout=RUN_TIMEOUT), cases.values()))
-    # one warm worker per node served every run, its socket in the federation's own temporary folder
-    assert len(federation._workers()) == 3
-    for (case, (folder, changes, output, _)), status in zip(cases.items(), statuses):
-        assert status == 0, f"{case}: flwr run exited {status}\n" + "".join(federation.lines[-60:])
+    for case, status in zip(cases, statuses):
+        assert status == 0, f"{case}: flwr run exited {status}\n" + diagnosis(federation, federation.lines)
+    # one warm worker per node, started by the node's first message, served every run (its socket in the
+    # federation's own temporary folder, where stop finds it)
+    for partition_id in range(3):
+        node_log = federation.log(f"supernode-{partition_id}")
+        starts = re.findall(r"started the node's worker \(pid \d+\) on (\S+)", node_log)
+        assert len(starts) == 1 and starts[0].startswith(str(federation.tmp)), diagnosis(federation, federation.lines)
+    for case, (folder, changes, output, _) in cases.items():
         builtin = train_builtin(folder / "builtin_run", **changes)
         assert max_difference(final_weights(builtin), final_weights(output)) == 0.0, case
         records = history(output)
@@ -135,7 +152,7 @@ def test_killed_node_is_left_out_and_rejoins_with_its_state(tmp_path):
         federation.kill_node(2)
         wait_for(lambda: rounds_recorded(output) >= 2 or run.poll() is not None, RUN_TIMEOUT, "round 2")
         federation.start_node(2)
-        assert federation.follow(run, timeout=RUN_TIMEOUT * 2) == 0, "".join(lines[-40:])
+        assert federation.follow(run, timeout=RUN_TIMEOUT * 2) == 0, diagnosis(federation, lines)
     _assert_all_stopped(federation)
     records = history(output)
     assert records[0]["clients"] == [0, 1, 2] and records[1]["clients"] == [0, 1]
@@ -173,7 +190,7 @@ def test_server_restart_resumes_from_the_last_checkpoint(tmp_path):
         federation.follow(run, timeout=60)
         assert rounds_recorded(output) < 4
         assert federation.run(app, {"resume_from_checkpoint": "latest"}, timeout=RUN_TIMEOUT) == 0, \
-            "".join(lines[-40:])
+            diagnosis(federation, lines)
     _assert_all_stopped(federation)
     assert max_difference(final_weights(builtin), final_weights(output)) == 0.0
     assert [r["round"] for r in history(output)] == [1, 2, 3, 4]
@@ -188,7 +205,7 @@ def test_node_that_cannot_load_its_data_fails_in_one_line(tmp_path):
     lines = []
     with LocalFederation(3, folder=tmp_path / "federation", output=lines.append,
                          node_config=lambda i: {"data-path": missing} if i == 1 else {}) as federation:
-        assert federation.run(app, timeout=RUN_TIMEOUT) == 0, "".join(lines[-40:])
+        assert federation.run(app, timeout=RUN_TIMEOUT) == 0, diagnosis(federation, lines)
         node_log = federation.log("supernode-1")
     expected = f"node 1: node-config data-path: {missing} does not exist."
     for record in history(output):
