@@ -36,7 +36,8 @@ _LENGTH = struct.Struct("!Q")
 def send_frames(sock: socket.socket, *parts: bytes) -> None:
     for part in parts:
         sock.sendall(_LENGTH.pack(len(part)))
-        sock.sendall(part)
+        if part:  # (an empty last part is complete with its length: the other side may have answered and closed)
+            sock.sendall(part)
 
 
 def receive_frame(sock: socket.socket) -> bytes:

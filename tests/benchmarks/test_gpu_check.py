@@ -12,6 +12,8 @@ import pytest
 
 from helpers import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # (the five steps take about 90 s on 2 CPU cores)
+
 SCRIPT = REPO_ROOT / "benchmarks" / "gpu_check.py"
 STEPS = ["cuda_tests", "quickstart", "workloads_bf16", "whole_run_digits", "concurrent_clients"]
 

@@ -330,14 +330,27 @@ def test_seeds_share_the_test_set_and_the_partition(tmp_path):
     assert not torch.equal(p1, p2)
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in SWEEP_ROOT.glob("*.yaml")))
-def test_shipped_sweeps_validate_and_their_smoke_runs(name, tmp_path):
-    """Every shipped sweep is valid at full scale (every member parsed as train parses it) and its --smoke runs
-    end to end here: 2 rounds, 4 clients, every member completed and one table row per group over 2 seeds."""
+SHIPPED_SWEEPS = sorted(p.name for p in SWEEP_ROOT.glob("*.yaml"))
+#: the smoke runs of the default suite (two cheap ones); the others run with -m slow (about 2 minutes together)
+DEFAULT_SUITE_SMOKE = ("fedup.yaml", "measure_fedgh.yaml")
+
+
+@pytest.mark.parametrize("name", SHIPPED_SWEEPS)
+def test_shipped_sweeps_validate(name, tmp_path):
+    """Every shipped sweep is valid at full scale (every member parsed as train parses it), with 3 seeds or more, and
+    its --smoke keeps at least 4 members."""
     full = load_sweep_config(str(SWEEP_ROOT / name), output_dir=str(tmp_path / "full"))
     assert {m.seed for m in full.members} >= {0, 1, 2}
     smoke = load_sweep_config(str(SWEEP_ROOT / name), smoke=True, output_dir=str(tmp_path / "smoke"), validate=False)
     assert len(full.members) >= len(smoke.members) >= 4
+
+
+@pytest.mark.parametrize("name", [name if name in DEFAULT_SUITE_SMOKE else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in SHIPPED_SWEEPS])
+def test_shipped_sweeps_smoke_runs(name, tmp_path):
+    """A shipped sweep's --smoke runs end to end here: 2 rounds, 4 clients, every member completed and one table row
+    per group over 2 seeds."""
+    smoke = load_sweep_config(str(SWEEP_ROOT / name), smoke=True, output_dir=str(tmp_path / "smoke"), validate=False)
     assert sweep_main(["--config", str(SWEEP_ROOT / name), "--smoke", "--output_dir", str(tmp_path / "smoke")]) == 0
     for member in smoke.members:
         assert member.fields["num_rounds"] == 2 and member.fields["num_clients"] == 4, member.name
@@ -357,7 +370,7 @@ RELATED_WORK = ("fedavg", "fedsam", "fedasam", "fedsam+swa", "fedsmoo", "fedgamm
 
 def test_the_related_work_sweep_runs_every_method_like_for_like():
     """sweeps/related_work.yaml lists the twelve methods, every one registered (a missing preset fails here, it is
-    not skipped), its --smoke runs all of them (test_shipped_sweeps_validate_and_their_smoke_runs runs it), and
+    not skipped), its --smoke runs all of them (test_shipped_sweeps_smoke_runs runs it), and
     the members share every convention: the table compares methods only."""
     from hf_fedflat.algorithms.registry import get_preset
 

@@ -54,8 +54,13 @@ ALGORITHMS = {
 }
 
 
+#: the one 2-process run of the default suite (the richest composition); the others run with -m slow
+DEFAULT_SUITE = "fedgloss+fedgh+swa"
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", [name if name == DEFAULT_SUITE else pytest.param(name, marks=pytest.mark.slow)
+                                       for name in ALGORITHMS])
 def test_two_processes_equal_one_process(tmp_path, algorithm):
     launch("cpu_1proc.yaml", tmp_path / "one", ALGORITHMS[algorithm])
     launch("cpu_2proc.yaml", tmp_path / "two", ALGORITHMS[algorithm])

@@ -36,6 +36,7 @@ def final(output_dir: Path):
     return load_file(str(output_dir / "final_params.safetensors"))["params"]
 
 
+@pytest.mark.slow  # (about 40 s: resume against the uninterrupted run is also checked in test_loop.py)
 @pytest.mark.timeout(600)
 def test_sigkill_mid_round_and_mid_checkpoint_then_resume_is_bit_identical(tmp_path):
     full = launch(tmp_path / "full")

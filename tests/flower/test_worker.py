@@ -72,8 +72,8 @@ def test_worker_outlives_a_clientapp_that_went_away(tmp_path, monkeypatch):
             sock.sendall(b"\0\0\0\0\0\0\1\0{")
         with socket.socket(socket.AF_UNIX) as sock:  # a whole message, gone before the reply
             sock.connect(path)
-            send_frames(sock, json.dumps({**header, "parts": 1}).encode(), b"")
-        reply, parts = _exchange(path, header, [b""])
+            send_frames(sock, json.dumps({**header, "parts": 1}).encode(), b"\1")
+        reply, parts = _exchange(path, header, [b""])  # (an empty part: the worker may answer before it is "sent")
         assert reply["num_examples"] == 7 and parts == [b""]
         assert worker.is_alive()
     finally:
